@@ -1,0 +1,121 @@
+"""The one attention function Dodo needs, registered with transformers' AttentionInterface.
+
+Nugget data travels as a keyword argument (``nuggets=``) from the model's forward down to every attention
+call. That keeps it out of the KV cache, which transformers drops under gradient checkpointing, and lets a
+single code path serve training and generation:
+
+- ``CaptureNuggets`` (encoder pass): plain causal attention; each layer's keys and values at the selected
+  positions are recorded.
+- ``ReadNuggets`` (decoder pass): each layer's nugget keys/values are put before the decoder's own, under one
+  additive float mask. On nugget columns the mask holds ``s - s.detach()`` (paper Eq. 18): zero in the
+  forward pass, and the gradient of every attention logit on a nugget key, in every layer and head, flows to
+  the Scorer's score ``s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+ATTENTION_NAME = "nugget_sdpa"
+
+
+@dataclass
+class CaptureNuggets:
+    """Records every layer's key/value states at `positions` ([batch, k]) during an encoder pass."""
+
+    positions: torch.Tensor
+    keys: dict[int, torch.Tensor] = field(default_factory=dict)
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor, query_len: int):
+        index = self.positions[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[3])
+        # Assignment, not append: a gradient-checkpointing replay overwrites with equal tensors.
+        self.keys[layer] = key.gather(2, index)
+        self.values[layer] = value.gather(2, index)
+        return key, value, None
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values as [layers, batch, kv_heads, k, head_dim]."""
+        layers = sorted(self.keys)
+        return torch.stack([self.keys[i] for i in layers]), torch.stack([self.values[i] for i in layers])
+
+
+class ReadNuggets:
+    """Nugget keys/values ([layers, batch, kv_heads, K, head_dim]) that the decoder's tokens attend to.
+
+    `nugget_bias` is [batch, K]: the straight-through term on valid nuggets, -inf on padding.
+    `token_mask` is [batch, tokens seen so far] (True = real token): the decoder's own padding; the last
+    `query_len` of those tokens are the ones being run. The mask is built here, once, outside any
+    gradient-checkpointed layer, so that a replay sees exactly the same graph.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, nugget_bias: torch.Tensor,
+                 token_mask: torch.Tensor, query_len: int):
+        self.keys, self.values = keys, values
+        self.mask = self._build_mask(nugget_bias, token_mask, query_len, keys.dtype)
+
+    def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor, query_len: int):
+        key = torch.cat([self.keys[layer].to(key.dtype), key], dim=2)
+        value = torch.cat([self.values[layer].to(value.dtype), value], dim=2)
+        return key, value, self.mask.to(key.dtype)
+
+    @staticmethod
+    def _build_mask(nugget_bias: torch.Tensor, token_mask: torch.Tensor, query_len: int, dtype: torch.dtype):
+        seen = token_mask.shape[1]
+        device = token_mask.device
+        rows = torch.arange(seen - query_len, seen, device=device)[:, None]
+        cols = torch.arange(seen, device=device)[None, :]
+        allowed = (cols <= rows)[None] & token_mask[:, None, :]
+        allowed |= cols == rows  # a padding row attends to itself rather than to nothing
+        blocked = torch.finfo(dtype).min
+        token_part = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, blocked)
+        nugget_part = nugget_bias.to(dtype).clamp(min=blocked)[:, None, :].expand(-1, query_len, -1)
+        return torch.cat([nugget_part, token_part], dim=2)[:, None]
+
+
+def nugget_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    nuggets: CaptureNuggets | ReadNuggets | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """SDPA with an optional nugget prefix; causal by default. Returns [batch, q, heads, head_dim]."""
+    mask = attention_mask
+    if nuggets is not None:
+        key, value, mask = nuggets.extend(module.layer_idx, key, value, query.shape[2])
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout,
+        is_causal=mask is None and query.shape[2] > 1,
+        scale=scaling,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTENTION_NAME, nugget_attention)
+
+
+def rotate_keys(keys: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Move RoPE keys by `shift` positions (exact: RoPE(p + d) = R(d) RoPE(p)).
+
+    keys: [..., k, head_dim]; shift: [k] (integer positions); inv_freq: [head_dim / 2].
+    """
+    angles = shift.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    cos, sin = angles.cos().to(keys.dtype), angles.sin().to(keys.dtype)
+    half = keys.shape[-1] // 2
+    rotated_half = torch.cat([-keys[..., half:], keys[..., :half]], dim=-1)
+    return keys * cos + rotated_half * sin

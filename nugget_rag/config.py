@@ -1,0 +1,61 @@
+"""Pydantic configuration of the nugget parts (what a checkpoint saves beside its weights)."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ENCODER = "encoder"
+DECODER = "decoder"
+
+
+class LoraSettings(BaseModel):
+    """LoRA adapter settings, shared by the encoder (phi) and decoder (theta) adapters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(32, ge=1, description="LoRA rank (the paper uses 32).")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (scale = alpha / rank).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Names of the linear layers that get adapters.",
+    )
+
+
+class NuggetConfig(BaseModel):
+    """How a document is compressed into nuggets and read back (paper Sec. 2.3 and App. B)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ratio: float = Field(
+        10.0,
+        description="Compression ratio r: a document of n tokens keeps k = ceil(n / r) nuggets.",
+    )
+    scorer_layer: int = Field(
+        3, ge=1, description="The Scorer reads the hidden states after this many layers of the frozen base model."
+    )
+    scorer_hidden: int | None = Field(
+        None, ge=1, description="Hidden width of the Scorer's 2-layer FFN (default: the model's hidden size)."
+    )
+    soft_prompt_tokens: int = Field(
+        1, ge=0, description="Trainable soft tokens put before the decoder's text in autoencoding."
+    )
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    seed: int = Field(0, description="Seed of the Scorer and soft-prompt initialisation (fixes an untrained model's fingerprint).")
+
+    @field_validator("ratio", mode="before")
+    @classmethod
+    def _check_ratio(cls, value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"ratio must be a number >= 1 (such as 10), got {value!r}")
+        if not math.isfinite(value) or value < 1:
+            raise ValueError(f"ratio must be a finite number >= 1 (such as 10), got {value!r}")
+        return float(value)
+
+
+def nugget_count(n_tokens: int, ratio: float) -> int:
+    """k = ceil(n / r): the number of nuggets kept of a text of n tokens."""
+    return max(1, math.ceil(n_tokens / ratio))

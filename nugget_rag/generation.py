@@ -1,0 +1,152 @@
+"""Generation from nuggets: incremental decoding with a KV cache, greedy or sampled, batched, streamed as text."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import DynamicCache
+
+from .config import DECODER
+from .model import NuggetModel
+from .state import NuggetState
+
+
+class GenerationSettings(BaseModel):
+    """How text is generated (greedy when temperature is 0, as in the paper)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy decoding.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list, description="Generation ends before the first of these strings.")
+    seed: int | None = Field(None, description="Seed for sampling.")
+
+
+class _TextTracker:
+    """Incremental detokenisation of one row: releases only text that no stop string can still claim."""
+
+    def __init__(self, tokenizer, stop: Sequence[str]):
+        self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
+        self.ids: list[int] = []
+        self.sent = 0
+        self.done = False
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.done = True
+            return self._release(text[: min(hits)])
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character
+            return ""
+        held = max((len(s) - 1 for s in self.stop), default=0)
+        for size in range(min(held, len(text)), 0, -1):
+            if any(s.startswith(text[-size:]) for s in self.stop):
+                return self._release(text[:-size])
+        return self._release(text)
+
+    def finish(self) -> str:
+        if self.done:
+            return ""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        return self._release(text)
+
+    def _release(self, text: str) -> str:
+        piece = text[self.sent :]
+        self.sent = max(self.sent, len(text))
+        return piece
+
+
+def _next_token(logits: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None) -> torch.Tensor:
+    if settings.temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / settings.temperature, dim=-1)
+    if settings.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > settings.top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.inference_mode()
+def stream_generate(
+    model: NuggetModel,
+    samples: Sequence[Sequence[NuggetState]],
+    prompts: Sequence[Sequence[int]],
+    settings: GenerationSettings | None = None,
+    soft_prompt: bool = False,
+    adapter: str | None = DECODER,
+) -> Iterator[list[str]]:
+    """Yield, step by step, the new text of each row ('' when a row has nothing new or is finished).
+
+    Each row reads the nuggets of its documents, then its prompt tokens (left-padded in the batch). The prompt is
+    run once; every later step feeds one token per row against the cached keys/values.
+    """
+    settings = settings or GenerationSettings()
+    if len(samples) != len(prompts):
+        raise ValueError(f"got {len(samples)} document lists for {len(prompts)} prompts")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    input_ids, token_mask = model._pad(prompts, left=True)
+    layout = model.layout(samples)
+    embeds, token_mask = model.embed(input_ids, token_mask, soft_prompt)
+    model.check_positions(int(layout.counts.max()), embeds.shape[1] + 1)
+    budget = model.max_positions - int(layout.counts.max()) - embeds.shape[1]
+    steps = min(settings.max_new_tokens, budget)
+    eos = _eos_ids(model)
+    generator = torch.Generator(model.device).manual_seed(settings.seed) if settings.seed is not None else None
+    trackers = [_TextTracker(model.tokenizer, settings.stop) for _ in prompts]
+    cache = DynamicCache()
+    positions = layout.counts[:, None] + token_mask.long().cumsum(1) - 1
+    inner = model.llama.model
+    with model.use_adapter(adapter):
+        for step in range(steps):
+            hidden = inner(
+                inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(token_mask, embeds.shape[1]),
+                past_key_values=cache, use_cache=True,
+            ).last_hidden_state
+            tokens = _next_token(model.llama.lm_head(hidden[:, -1]), settings, generator)
+            pieces = []
+            for tracker, token in zip(trackers, tokens.tolist()):
+                if tracker.done:
+                    pieces.append("")
+                elif token in eos:
+                    pieces.append(tracker.finish())
+                    tracker.done = True
+                else:
+                    pieces.append(tracker.add(token))
+            if step == steps - 1 or all(t.done for t in trackers):
+                pieces = [p + t.finish() for p, t in zip(pieces, trackers)]
+                yield pieces
+                return
+            yield pieces
+            embeds = inner.embed_tokens(tokens[:, None])
+            token_mask = torch.cat([token_mask, token_mask.new_ones(len(prompts), 1)], dim=1)
+            positions = positions[:, -1:] + 1
+
+
+def generate(
+    model: NuggetModel,
+    samples: Sequence[Sequence[NuggetState]],
+    prompts: Sequence[Sequence[int]],
+    settings: GenerationSettings | None = None,
+    soft_prompt: bool = False,
+    adapter: str | None = DECODER,
+) -> list[str]:
+    """The generated text of each row."""
+    texts = [""] * len(prompts)
+    for pieces in stream_generate(model, samples, prompts, settings, soft_prompt, adapter):
+        texts = [t + p for t, p in zip(texts, pieces)]
+    return texts
+
+
+def _eos_ids(model: NuggetModel) -> set[int]:
+    ids = model.llama.generation_config.eos_token_id if model.llama.generation_config else None
+    ids = list(ids) if isinstance(ids, list) else [ids]
+    ids.append(model.tokenizer.eos_token_id)
+    return {i for i in ids if i is not None}

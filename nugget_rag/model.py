@@ -1,0 +1,397 @@
+"""The Dodo model: a frozen LLaMA with an encoder and a decoder LoRA adapter, a Scorer and a soft prompt.
+
+Data flow: token ids -> Scorer over the frozen model's early layers -> top-k positions -> encoder pass that
+records every layer's key/value states there (NuggetState) -> decoder pass whose tokens attend to the
+nuggets of any number of documents and to themselves.
+
+Position scheme (one function, `layout`, serves training and inference): a document is encoded alone at
+positions 0..n-1. When documents are read, their nuggets are renumbered in the order given, 0..K-1 over all
+documents (each key's rotary phase is shifted to its new position, an exact rotation), and the decoder's
+tokens follow at K, K+1, ... So documents compose in any number and order, and the position budget is spent
+on nuggets, not on the original tokens. With r = 1 and one document this is exactly the base model reading
+the document followed by the prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.tuners_utils import BaseTunerLayer
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .attention import ATTENTION_NAME, CaptureNuggets, ReadNuggets, rotate_keys
+from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
+from .config import DECODER, ENCODER, NuggetConfig
+from .scorer import Scorer, select_nuggets
+from .state import NuggetState
+
+CONFIG_FILE = "nugget_config.json"
+WEIGHTS_FILE = "nugget.safetensors"
+CHECKPOINT_FORMAT = "nugget-rag/checkpoint-v1"
+
+
+@dataclass
+class DecoderOutput:
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class NuggetLayout:
+    """Nuggets of a batch of samples laid out for the decoder (see the module docstring)."""
+
+    keys: torch.Tensor  # [layers, batch, kv_heads, K, head_dim]
+    values: torch.Tensor
+    bias: torch.Tensor  # [batch, K]: straight-through term, -inf on padding
+    counts: torch.Tensor  # [batch]: real nuggets per sample
+
+    def reader(self, token_mask: torch.Tensor, query_len: int) -> ReadNuggets:
+        return ReadNuggets(self.keys, self.values, self.bias, token_mask, query_len)
+
+
+class NuggetModel(nn.Module):
+    """Dodo as a context compressor (paper Sec. 2.3) on a Hugging Face LLaMA model."""
+
+    def __init__(self, base: BaseLM, config: NuggetConfig | None = None):
+        super().__init__()
+        self.config = config or NuggetConfig()
+        self.tokenizer = base.tokenizer
+        self.base_name = base.name
+        lm = base.model
+        lm.config._attn_implementation = ATTENTION_NAME
+        self._base_digest = _base_digest(lm)
+        lora = self.config.lora
+        settings = dict(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), bias="none")
+        # Nuggets are keys/values: the encoder's last query and output projections never shape them.
+        unused = rf".*layers\.{lm.config.num_hidden_layers - 1}\.self_attn\.(q_proj|o_proj)"
+        self.peft = get_peft_model(lm, LoraConfig(**settings, exclude_modules=unused), adapter_name=ENCODER)
+        self.peft.add_adapter(DECODER, LoraConfig(**settings))
+        hidden = lm.config.hidden_size
+        if not 1 <= self.config.scorer_layer <= lm.config.num_hidden_layers:
+            raise ValueError(
+                f"scorer_layer={self.config.scorer_layer} is outside the model's 1..{lm.config.num_hidden_layers} layers"
+            )
+        generator = torch.Generator().manual_seed(self.config.seed)
+        self.scorer = Scorer(hidden, self.config.scorer_hidden or hidden)
+        with torch.no_grad():
+            for p in self.scorer.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02 if p.ndim > 1 else torch.zeros(p.shape))
+        std = float(lm.get_input_embeddings().weight.float().std())
+        self.soft_prompt = nn.Parameter(torch.randn(self.config.soft_prompt_tokens, hidden, generator=generator) * std)
+        param = next(lm.parameters())
+        self.scorer.to(param.device, param.dtype)
+        self.soft_prompt.data = self.soft_prompt.data.to(param.device, param.dtype)
+        self._tuner_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
+        self.set_trainable()
+        self.eval()
+
+    # ------------------------------------------------------------------ parts and switches
+    @property
+    def llama(self) -> nn.Module:
+        """The LlamaForCausalLM inside the PEFT wrapper."""
+        return self.peft.get_base_model()
+
+    @property
+    def device(self) -> torch.device:
+        return self.soft_prompt.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.soft_prompt.dtype
+
+    @property
+    def max_positions(self) -> int:
+        return int(self.llama.config.max_position_embeddings)
+
+    def adapter_parameters(self, adapter: str) -> Iterator[nn.Parameter]:
+        return (p for name, p in self.peft.named_parameters() if f".{adapter}." in name and "lora_" in name)
+
+    def set_trainable(self, encoder: bool = True, decoder: bool = True, scorer: bool = True, soft_prompt: bool = True):
+        """Choose which nugget parts train; the base model stays frozen."""
+        for p in self.llama.parameters():
+            p.requires_grad_(False)
+        for p in self.adapter_parameters(ENCODER):
+            p.requires_grad_(encoder)
+        for p in self.adapter_parameters(DECODER):
+            p.requires_grad_(decoder)
+        self.scorer.requires_grad_(scorer)
+        self.soft_prompt.requires_grad_(soft_prompt)
+
+    @contextmanager
+    def use_adapter(self, adapter: str | None):
+        """Run with one adapter active, or none (adapter=None: the frozen base model).
+
+        PEFT's set_adapter/enable_adapters also rewrite requires_grad (the inactive adapter stops training), which
+        is wrong when both adapters train in one step; so only the two switches of each LoRA layer are flipped.
+        """
+        saved = [(layer._active_adapter, layer._disable_adapters) for layer in self._tuner_layers]
+        for layer in self._tuner_layers:
+            if adapter is not None:
+                layer._active_adapter = [adapter]
+            layer._disable_adapters = adapter is None
+        try:
+            yield
+        finally:
+            for layer, (active, disabled) in zip(self._tuner_layers, saved):
+                layer._active_adapter, layer._disable_adapters = active, disabled
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Checkpoint every decoder layer; the replay runs under the adapter that was active in the forward pass."""
+        self.llama.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for module in self.llama.modules():
+            if getattr(module, "gradient_checkpointing", False):
+                module._gradient_checkpointing_func = self._checkpoint_with_adapter
+
+    def _checkpoint_with_adapter(self, function, *args):
+        switches = [(layer._active_adapter, layer._disable_adapters) for layer in self._tuner_layers]
+
+        def replay(*inputs):
+            saved = [(layer._active_adapter, layer._disable_adapters) for layer in self._tuner_layers]
+            for layer, (active, disabled) in zip(self._tuner_layers, switches):
+                layer._active_adapter, layer._disable_adapters = active, disabled
+            try:
+                return function(*inputs)
+            finally:
+                for layer, (active, disabled) in zip(self._tuner_layers, saved):
+                    layer._active_adapter, layer._disable_adapters = active, disabled
+
+        return checkpoint(replay, *args, use_reentrant=False)
+
+    # ------------------------------------------------------------------ identity
+    def fingerprint(self, ratio: float | None = None) -> str:
+        """Digest of everything that shapes a NuggetState: base model, encoder adapter, Scorer, r, dtype."""
+        h = hashlib.sha256()
+        ratio = self.config.ratio if ratio is None else ratio
+        h.update(json.dumps([self._base_digest, ratio, self.config.scorer_layer, str(self.dtype)]).encode())
+        named = [(n, p) for n, p in self.peft.named_parameters() if f".{ENCODER}." in n and "lora_" in n]
+        named += [(f"scorer.{n}", p) for n, p in self.scorer.named_parameters()]
+        for name, p in named:
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+        return h.hexdigest()[:32]
+
+    # ------------------------------------------------------------------ encoder side
+    def _pad(self, sequences: Sequence[Sequence[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+        for i, s in enumerate(sequences):
+            span = slice(width - len(s), width) if left else slice(0, len(s))
+            ids[i, span] = torch.tensor(list(s), dtype=torch.long)
+            mask[i, span] = True
+        return ids.to(self.device), mask.to(self.device)
+
+    def score(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Scorer over the hidden states after `scorer_layer` layers of the frozen model (adapters off)."""
+        inner = self.llama.model
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        with self.use_adapter(None), torch.no_grad():
+            hidden = inner.embed_tokens(input_ids)
+            rotary = inner.rotary_emb(hidden, position_ids=positions)
+            for layer in inner.layers[: self.config.scorer_layer]:
+                hidden = layer(hidden, position_embeddings=rotary, position_ids=positions)
+        return self.scorer(hidden)
+
+    def compress(
+        self, token_ids: Sequence[Sequence[int]], ratio: float | None = None, adapter: str | None = ENCODER
+    ) -> list[NuggetState]:
+        """Encode each document (a list of token ids) into its nuggets; documents are batched, right-padded."""
+        ratio = self.config.ratio if ratio is None else NuggetConfig(ratio=ratio).ratio
+        lengths = [len(t) for t in token_ids]
+        if not lengths or min(lengths) == 0:
+            raise ValueError("every document must have at least one token")
+        if max(lengths) > self.max_positions:
+            raise ValueError(
+                f"a document of {max(lengths)} tokens exceeds the model's {self.max_positions} positions; "
+                "split it into segments first (NuggetCompressor does this)"
+            )
+        input_ids, _ = self._pad(token_ids)
+        scores = self.score(input_ids)
+        chosen = select_nuggets(scores, lengths, ratio)
+        width = max(len(c) for c in chosen)
+        padded = torch.stack([F.pad(c, (0, width - len(c)), value=int(c[-1])) for c in chosen])
+        capture = CaptureNuggets(padded)
+        with self.use_adapter(adapter):
+            self.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
+        keys, values = capture.stacked()
+        fingerprint = self.fingerprint(ratio)
+        states = []
+        for b, (positions, n) in enumerate(zip(chosen, lengths)):
+            k = len(positions)
+            tokens = self.tokenizer.convert_ids_to_tokens([token_ids[b][i] for i in positions.tolist()])
+            states.append(
+                NuggetState(keys[:, b, :, :k], values[:, b, :, :k], positions, scores[b, positions],
+                            tokens, n, fingerprint)
+            )
+        return states
+
+    # ------------------------------------------------------------------ decoder side
+    def layout(self, samples: Sequence[Sequence[NuggetState]]) -> NuggetLayout:
+        """Compose each sample's documents in order: nugget j of the sample moves to position j."""
+        rows = [self._compose(docs) for docs in samples]
+        width = max(1, max(keys.shape[2] for keys, _, _ in rows))
+        return NuggetLayout(
+            keys=torch.stack([F.pad(k, (0, 0, 0, width - k.shape[2])) for k, _, _ in rows], dim=1),
+            values=torch.stack([F.pad(v, (0, 0, 0, width - v.shape[2])) for _, v, _ in rows], dim=1),
+            bias=torch.stack([F.pad(b, (0, width - b.shape[0]), value=float("-inf")) for _, _, b in rows]),
+            counts=torch.tensor([k.shape[2] for k, _, _ in rows], device=self.device),
+        )
+
+    def _compose(self, docs: Sequence[NuggetState]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One sample's nuggets, renumbered 0..K-1: keys, values [layers, kv_heads, K, head_dim], bias [K]."""
+        cfg = self.llama.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        empty = torch.zeros(cfg.num_hidden_layers, cfg.num_key_value_heads, 0, head_dim, dtype=self.dtype, device=self.device)
+        keys, values, bias, offset = [empty], [empty], [torch.zeros(0, device=self.device)], 0
+        inv_freq = self.llama.model.rotary_emb.inv_freq
+        for state in docs:
+            state = state.to(self.device, self.dtype)
+            target = torch.arange(offset, offset + state.k, device=self.device)
+            keys.append(rotate_keys(state.keys, target - state.positions, inv_freq))
+            values.append(state.values)
+            scores = state.scores.float()
+            bias.append(scores - scores.detach())
+            offset += state.k
+        return torch.cat(keys, dim=2), torch.cat(values, dim=2), torch.cat(bias)
+
+    def embed(self, input_ids: torch.Tensor, token_mask: torch.Tensor, soft_prompt: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token embeddings, with the soft prompt put before each row's first real token when asked."""
+        embeds = self.llama.get_input_embeddings()(input_ids)
+        if not soft_prompt or self.soft_prompt.shape[0] == 0:
+            return embeds, token_mask
+        soft = self.soft_prompt[None].expand(input_ids.shape[0], -1, -1).to(embeds.dtype)
+        ones = torch.ones(soft.shape[:2], dtype=torch.bool, device=token_mask.device)
+        return torch.cat([soft, embeds], dim=1), torch.cat([ones, token_mask], dim=1)
+
+    def check_positions(self, nuggets: int, tokens: int) -> None:
+        if nuggets + tokens > self.max_positions:
+            raise ValueError(
+                f"{nuggets} nuggets plus {tokens} prompt and output tokens exceed the model's "
+                f"{self.max_positions} positions; pass fewer documents, a shorter prompt or fewer new tokens"
+            )
+
+    def decode(
+        self,
+        samples: Sequence[Sequence[NuggetState]],
+        input_ids: torch.Tensor,
+        token_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        soft_prompt: bool = False,
+        adapter: str | None = DECODER,
+    ) -> DecoderOutput:
+        """Decoder pass over `input_ids` after the nuggets of each sample's documents (and the soft prompt).
+
+        `labels` align with `input_ids` (-100 = ignored); the loss predicts each label from the tokens before it.
+        """
+        token_mask = torch.ones_like(input_ids, dtype=torch.bool) if token_mask is None else token_mask.bool()
+        layout = self.layout(samples)
+        embeds, full_mask = self.embed(input_ids, token_mask, soft_prompt)
+        self.check_positions(int(layout.counts.max()), embeds.shape[1])
+        positions = layout.counts[:, None] + full_mask.long().cumsum(1) - 1
+        with self.use_adapter(adapter):
+            hidden = self.llama.model(
+                inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(full_mask, embeds.shape[1]),
+                use_cache=False,
+            ).last_hidden_state
+        hidden = hidden[:, embeds.shape[1] - input_ids.shape[1]:]
+        logits = self.llama.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
+            )
+        return DecoderOutput(logits=logits, loss=loss)
+
+    # ------------------------------------------------------------------ save / load
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write the nugget parts (adapters, Scorer, soft prompt) as safetensors and the config as JSON."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for adapter in (ENCODER, DECODER):
+            for name, t in get_peft_model_state_dict(self.peft, adapter_name=adapter).items():
+                tensors[f"{adapter}/{name}"] = t.detach().float().cpu().contiguous()
+        for name, t in self.scorer.state_dict().items():
+            tensors[f"scorer/{name}"] = t.detach().float().cpu().contiguous()
+        tensors["soft_prompt"] = self.soft_prompt.detach().float().cpu().contiguous()
+        save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": CHECKPOINT_FORMAT})
+        meta = {"format": CHECKPOINT_FORMAT, "base_model": self.base_name, "base_digest": self._base_digest,
+                "config": self.config.model_dump()}
+        (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+        return directory
+
+    def load_parts(self, directory: str | Path) -> None:
+        """Load weights written by save_pretrained into this model (same config and base model)."""
+        meta = read_checkpoint_meta(directory)
+        if meta["base_digest"] != self._base_digest:
+            raise ValueError(
+                f"the checkpoint in {directory} was trained on base model {meta['base_model']!r}, whose weights "
+                f"differ from the loaded {self.base_name!r}; load it with that base model"
+            )
+        tensors = load_file(Path(directory) / WEIGHTS_FILE, device="cpu")
+        for adapter in (ENCODER, DECODER):
+            prefix = f"{adapter}/"
+            part = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+            result = set_peft_model_state_dict(self.peft, part, adapter_name=adapter)
+            if getattr(result, "unexpected_keys", None):
+                raise ValueError(f"{directory}: unexpected {adapter} weights {result.unexpected_keys[:3]}")
+        self.scorer.load_state_dict({k[len("scorer/"):]: v for k, v in tensors.items() if k.startswith("scorer/")})
+        with torch.no_grad():
+            self.soft_prompt.copy_(tensors["soft_prompt"])
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | Path | None = None,
+        base_model: str | Path | BaseLM | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        config: NuggetConfig | None = None,
+    ) -> NuggetModel:
+        """Load nugget parts from `directory` onto their base model; without a directory, a fresh (untrained) model."""
+        meta = read_checkpoint_meta(directory) if directory is not None else None
+        if config is None:
+            config = NuggetConfig.model_validate(meta["config"]) if meta else NuggetConfig()
+        if not isinstance(base_model, BaseLM):
+            if base_model is None and meta and meta["base_model"] != DEFAULT_MODEL_NAME:
+                raise ValueError(
+                    f"the checkpoint in {directory} belongs to base model {meta['base_model']!r}; "
+                    "pass base_model=<its checkpoint directory>"
+                )
+            base_model = load_base_model(base_model, device=device, dtype=dtype)
+        model = cls(base_model, config)
+        if directory is not None:
+            model.load_parts(directory)
+        return model
+
+
+def read_checkpoint_meta(directory: str | Path) -> dict:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {directory} is not a nugget-rag checkpoint (save_pretrained writes one)")
+    meta = json.loads(path.read_text())
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} has format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
+    return meta
+
+
+def _base_digest(model: nn.Module) -> str:
+    """A dtype-independent digest of the frozen base weights (a strided sample of every tensor)."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        flat = p.detach().flatten()
+        sample = flat[:: max(1, flat.numel() // 4096)][:4096].to(torch.bfloat16).float().cpu()
+        h.update(f"{name}:{tuple(p.shape)}".encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:32]

@@ -1,0 +1,35 @@
+"""The Scorer (paper Eq. 15) and the top-k nugget selection (Eq. 14)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import nugget_count
+
+
+class Scorer(nn.Module):
+    """A 2-layer feed-forward network mapping a token's hidden state to one selection score."""
+
+    def __init__(self, hidden_size: int, inner_size: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(hidden_size, inner_size), nn.GELU(), nn.Linear(inner_size, 1))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[batch, n, hidden] -> scores [batch, n]."""
+        return self.net(hidden_states).squeeze(-1)
+
+
+def select_nuggets(scores: torch.Tensor, lengths: list[int], ratio: float) -> list[torch.Tensor]:
+    """For each row keep k = ceil(n / r) positions: the last token always, the rest by top score.
+
+    Returns one ascending LongTensor of positions per row (the original order is kept).
+    """
+    chosen = []
+    for row, n in zip(scores.detach(), lengths):
+        k = nugget_count(n, ratio)
+        candidates = row[: n - 1]
+        top = candidates.topk(k - 1).indices if k > 1 else candidates.new_empty(0, dtype=torch.long)
+        last = torch.tensor([n - 1], device=row.device)
+        chosen.append(torch.cat([top, last]).sort().values)
+    return chosen

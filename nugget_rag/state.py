@@ -1,0 +1,107 @@
+"""NuggetState: one compressed document, and its safetensors serialisation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+FORMAT = "nugget-rag/state-v1"
+
+
+class CorruptStateError(ValueError):
+    """Stored bytes that are not a complete, untampered NuggetState."""
+
+
+@dataclass
+class NuggetState:
+    """A document's nuggets: every layer's key/value states at the selected token positions.
+
+    keys, values: [layers, kv_heads, k, head_dim]; the keys carry the rotary phase of `positions`.
+    positions: [k] ascending token indices into the document; tokens: their token strings.
+    scores: [k] the Scorer's scores at those positions (they carry the gradient while training).
+    n: the document's length in tokens; fingerprint: what produced the state (model, adapter, Scorer, r).
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor
+    scores: torch.Tensor
+    tokens: list[str]
+    n: int
+    fingerprint: str
+
+    @property
+    def k(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.positions, self.scores))
+
+    def detach(self) -> NuggetState:
+        return NuggetState(
+            self.keys.detach(), self.values.detach(), self.positions, self.scores.detach(),
+            self.tokens, self.n, self.fingerprint,
+        )
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> NuggetState:
+        return NuggetState(
+            self.keys.to(device, dtype), self.values.to(device, dtype), self.positions.to(device),
+            self.scores.to(device), self.tokens, self.n, self.fingerprint,
+        )
+
+    def to_bytes(self) -> bytes:
+        """Safetensors bytes; the metadata names the fingerprint and a digest of the tensor data."""
+        tensors = {
+            "keys": self.keys.detach().contiguous().cpu(),
+            "values": self.values.detach().contiguous().cpu(),
+            "positions": self.positions.detach().contiguous().cpu(),
+            "scores": self.scores.detach().float().contiguous().cpu(),
+        }
+        meta = {"format": FORMAT, "n": str(self.n), "fingerprint": self.fingerprint,
+                "tokens": json.dumps(self.tokens), "digest": _digest(tensors)}
+        return save_tensors(tensors, metadata=meta)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> NuggetState:
+        """Parse and verify; raises CorruptStateError on truncated, altered or foreign bytes."""
+        try:
+            meta = _read_metadata(data)
+            tensors = load_tensors(data)
+        except (SafetensorError, ValueError, KeyError, json.JSONDecodeError) as err:
+            raise CorruptStateError(f"not a readable nugget state ({err})") from err
+        if meta.get("format") != FORMAT:
+            raise CorruptStateError(f"format {meta.get('format')!r} is not {FORMAT!r}")
+        if meta.get("digest") != _digest(tensors):
+            raise CorruptStateError("tensor data does not match its digest")
+        tokens = json.loads(meta["tokens"])
+        state = cls(tensors["keys"], tensors["values"], tensors["positions"], tensors["scores"],
+                    tokens, int(meta["n"]), meta["fingerprint"])
+        if len(tokens) != state.k or state.keys.shape[2] != state.k:
+            raise CorruptStateError("inconsistent nugget count")
+        return state
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _read_metadata(data: bytes) -> dict[str, str]:
+    if len(data) < 8:
+        raise ValueError("too short")
+    size = int.from_bytes(data[:8], "little")
+    if size > len(data) - 8:
+        raise ValueError("truncated header")
+    header = json.loads(data[8 : 8 + size])
+    return header.get("__metadata__", {})

@@ -1,0 +1,171 @@
+"""Content-addressed cache of NuggetStates: a bounded in-memory LRU over any LangChain ByteStore."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from langchain_core.stores import ByteStore
+
+from .state import CorruptStateError, NuggetState
+
+logger = logging.getLogger(__name__)
+
+_KEY = re.compile(r"[0-9a-f][0-9a-f._-]*")
+_TMP_MARK = "~"  # never in a valid key, so temp files are never mistaken for entries
+
+
+class DirectoryByteStore(ByteStore):
+    """A ByteStore in a local directory: one file per key, sharded as `directory/ab/abcdef...`.
+
+    Writes go to a temp file beside the target, are fsynced, then renamed over it with os.replace,
+    so readers in any thread or process see either the old value or the new one, never a partial file.
+    """
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        values: list[bytes | None] = []
+        for key in keys:
+            try:
+                values.append(self._path(key).read_bytes())
+            except FileNotFoundError:
+                values.append(None)
+        return values
+
+    def mset(self, key_value_pairs: Sequence[tuple[str, bytes]]) -> None:
+        for key, value in key_value_pairs:
+            path = self._path(key)
+            path.parent.mkdir(exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{key}{_TMP_MARK}")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(value)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
+    def mdelete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+
+    def yield_keys(self, prefix: str | None = None) -> Iterator[str]:
+        prefix = prefix or ""
+        for shard in sorted(self.directory.iterdir()):
+            if not (shard.is_dir() and shard.name.startswith(prefix[:2])):
+                continue
+            for entry in sorted(shard.iterdir()):
+                if _TMP_MARK not in entry.name and entry.name.startswith(prefix):
+                    yield entry.name
+
+    def _path(self, key: str) -> Path:
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise ValueError(f"invalid store key {key!r}: expected lowercase hex (and . _ -), starting with a hex digit")
+        return self.directory / key[:2] / key
+
+
+class NuggetStore:
+    """NuggetStates keyed by sha256(fingerprint, text): a byte-bounded memory LRU, then a ByteStore.
+
+    With neither `byte_store` nor `directory` the cache lives in memory only. Entries read from the
+    byte store are verified; a corrupt one is logged, counted in stats["corrupt"] and reported as a
+    miss, so the caller recomputes it and `put` overwrites it. Returned states are shared with the
+    cache: treat them as read-only.
+    """
+
+    def __init__(self, byte_store: ByteStore | None = None, directory: str | Path | None = None,
+                 max_memory_bytes: int = 512 * 2**20):
+        if byte_store is not None and directory is not None:
+            raise ValueError("pass byte_store or directory, not both")
+        self.byte_store = DirectoryByteStore(directory) if directory is not None else byte_store
+        self.max_memory_bytes = max_memory_bytes
+        self.stats = {"memory_hits": 0, "store_hits": 0, "misses": 0, "corrupt": 0, "writes": 0}
+        self._memory: OrderedDict[str, NuggetState] = OrderedDict()
+        self._memory_bytes = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(text: str, fingerprint: str) -> str:
+        """The content address of `text` compressed by whatever `fingerprint` names."""
+        return hashlib.sha256(f"{fingerprint}\0{text}".encode()).hexdigest()
+
+    def get(self, text: str, fingerprint: str) -> NuggetState | None:
+        """The cached state for `text` under `fingerprint`, or None (a miss, or a corrupt entry)."""
+        return self._get(self.key(text, fingerprint), fingerprint)
+
+    def get_by_key(self, key: str) -> NuggetState | None:
+        """The cached state at `key` (e.g. from a document's metadata), or None; bytes are verified."""
+        return self._get(key, None)
+
+    def put(self, text: str, state: NuggetState) -> str:
+        """Cache a detached CPU copy of `state` in memory and in the byte store; returns its key."""
+        key = self.key(text, state.fingerprint)
+        state = _cpu_copy(state)
+        self._remember(key, state)
+        if self.byte_store is not None:
+            self.byte_store.mset([(key, state.to_bytes())])
+            self._count("writes")
+        return key
+
+    def _get(self, key: str, fingerprint: str | None) -> NuggetState | None:
+        with self._lock:
+            state = self._memory.get(key)
+            if state is not None:
+                self._memory.move_to_end(key)
+                self.stats["memory_hits"] += 1
+                return state
+        data = self.byte_store.mget([key])[0] if self.byte_store is not None else None
+        if data is None:
+            self._count("misses")
+            return None
+        try:
+            state = NuggetState.from_bytes(data)
+        except CorruptStateError as err:
+            return self._corrupt(key, str(err))
+        if fingerprint is not None and state.fingerprint != fingerprint:
+            return self._corrupt(key, f"fingerprint {state.fingerprint!r} is not {fingerprint!r}")
+        self._count("store_hits")
+        self._remember(key, state)
+        return state
+
+    def _corrupt(self, key: str, reason: str) -> None:
+        logger.warning("nugget store entry %s is corrupt and was ignored: %s", key, reason)
+        self._count("corrupt")
+
+    def _remember(self, key: str, state: NuggetState) -> None:
+        with self._lock:
+            old = self._memory.pop(key, None)
+            if old is not None:
+                self._memory_bytes -= old.nbytes
+            if state.nbytes > self.max_memory_bytes:
+                return
+            self._memory[key] = state
+            self._memory_bytes += state.nbytes
+            while self._memory_bytes > self.max_memory_bytes:
+                _, evicted = self._memory.popitem(last=False)
+                self._memory_bytes -= evicted.nbytes
+
+    def _count(self, stat: str) -> None:
+        with self._lock:
+            self.stats[stat] += 1
+
+
+def _cpu_copy(state: NuggetState) -> NuggetState:
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to("cpu", copy=True)
+
+    return NuggetState(copy(state.keys), copy(state.values), copy(state.positions), copy(state.scores),
+                       list(state.tokens), state.n, state.fingerprint)

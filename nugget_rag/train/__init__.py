@@ -1,0 +1,1 @@
+"""Training (see nugget_rag/train/__main__.py)."""

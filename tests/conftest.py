@@ -1,0 +1,40 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import tiny_base  # noqa: E402
+
+from nugget_rag.config import NuggetConfig  # noqa: E402
+from nugget_rag.model import NuggetModel  # noqa: E402
+
+
+@pytest.fixture
+def make_model():
+    """A NuggetModel on a fresh tiny LLaMA; LoRA B matrices are randomised so adapters change outputs."""
+
+    def make(ratio: float = 4.0, perturb_adapters: bool = True, **config) -> NuggetModel:
+        model = NuggetModel(tiny_base(), NuggetConfig(ratio=ratio, scorer_layer=2, lora={"rank": 4}, **config))
+        if perturb_adapters:
+            import torch
+
+            gen = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for name, p in model.peft.named_parameters():
+                    if "lora_B" in name:
+                        p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+        return model
+
+    return make
+
+
+@pytest.fixture
+def doc_ids(make_model):
+    def ids(text: str) -> list[int]:
+        from tiny import tiny_tokenizer
+
+        return tiny_tokenizer()(text)["input_ids"]
+
+    return ids

@@ -1,0 +1,231 @@
+"""The nugget engine's mechanics on a tiny random LLaMA."""
+
+import math
+
+import pytest
+import torch
+
+from nugget_rag.config import DECODER, ENCODER, NuggetConfig
+from nugget_rag.generation import GenerationSettings, generate
+from nugget_rag.model import NuggetModel
+from tiny import tiny_base
+
+DOC = "The quick brown fox jumps over the lazy dog, then naps."
+DOC2 = "Paris is the capital of France."
+PROMPT = "Where does the fox jump?"
+
+
+def test_r1_without_adapters_equals_base_model_on_concatenation(make_model, doc_ids):
+    model = make_model(ratio=1)
+    reference = tiny_base().model
+    doc, prompt = doc_ids(DOC), doc_ids(PROMPT)
+    with torch.no_grad():
+        states = model.compress([doc], adapter=None)
+        logits = model.decode([states], torch.tensor([prompt]), adapter=None).logits
+    expected = reference(torch.tensor([doc + prompt])).logits[:, len(doc):]
+    assert states[0].k == len(doc)
+    assert (logits - expected).abs().max() < 1e-4
+
+
+def test_adapters_change_the_output(make_model, doc_ids):
+    model = make_model(ratio=1)
+    doc, prompt = doc_ids(DOC), doc_ids(PROMPT)
+    with torch.no_grad():
+        states = model.compress([doc], adapter=None)
+        plain = model.decode([states], torch.tensor([prompt]), adapter=None).logits
+        tuned = model.decode([states], torch.tensor([prompt]), adapter=DECODER).logits
+    assert (plain - tuned).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("ratio", [1, 2.5, 4, 10, 1000])
+def test_nugget_count_last_token_and_order(make_model, doc_ids, ratio):
+    model = make_model(ratio=ratio)
+    docs = [doc_ids(DOC), doc_ids(DOC2), doc_ids("x")]
+    with torch.no_grad():
+        states = model.compress(docs)
+    for state, doc in zip(states, docs):
+        positions = state.positions.tolist()
+        assert state.n == len(doc)
+        assert state.k == math.ceil(len(doc) / ratio)
+        assert positions[-1] == len(doc) - 1
+        assert positions == sorted(set(positions))
+        assert state.keys.shape[2] == state.values.shape[2] == state.k == len(state.tokens)
+
+
+def test_selection_follows_the_scores(make_model, doc_ids):
+    model = make_model(ratio=4)
+    doc = doc_ids(DOC)
+    with torch.no_grad():
+        scores = model.score(torch.tensor([doc]))[0]
+        state = model.compress([doc])[0]
+    k = state.k
+    expected = sorted(scores[:-1].topk(k - 1).indices.tolist() + [len(doc) - 1])
+    assert state.positions.tolist() == expected
+
+
+def test_batch_compression_equals_one_by_one(make_model, doc_ids):
+    model = make_model(ratio=3)
+    docs = [doc_ids(DOC), doc_ids(DOC2), doc_ids("Short.")]
+    with torch.no_grad():
+        together = model.compress(docs)
+        alone = [model.compress([d])[0] for d in docs]
+    for a, b in zip(together, alone):
+        assert a.positions.tolist() == b.positions.tolist()
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
+        assert a.fingerprint == b.fingerprint
+
+
+def test_documents_compose_in_both_orders_deterministically(make_model, doc_ids):
+    model = make_model(ratio=2)
+    prompt = torch.tensor([doc_ids(PROMPT)])
+    with torch.no_grad():
+        a, b = model.compress([doc_ids(DOC), doc_ids(DOC2)])
+        ab = model.decode([[a, b]], prompt).logits
+        ba = model.decode([[b, a]], prompt).logits
+        assert torch.equal(ab, model.decode([[a, b]], prompt).logits)
+        assert torch.equal(ba, model.decode([[b, a]], prompt).logits)
+        batched = model.decode([[a, b], [b, a]], torch.cat([prompt, prompt])).logits
+    assert torch.isfinite(ab).all() and torch.isfinite(ba).all()
+    assert (ab - ba).abs().max() > 1e-4  # order is information the decoder sees
+    torch.testing.assert_close(batched[0], ab[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(batched[1], ba[0], atol=1e-5, rtol=1e-4)
+
+
+def test_r1_two_documents_equal_base_model_on_concatenation(make_model, doc_ids):
+    """Renumbering rotates keys exactly: two documents read as if they had been one text."""
+    model = make_model(ratio=1)
+    reference = tiny_base().model
+    d1, d2, prompt = doc_ids(DOC), doc_ids(DOC2), doc_ids(PROMPT)
+    with torch.no_grad():
+        s1 = model.compress([d1], adapter=None)[0]
+        s_joint = model.compress([d1 + d2], adapter=None)[0]
+        logits = model.decode([[s_joint]], torch.tensor([prompt]), adapter=None).logits
+    expected = reference(torch.tensor([d1 + d2 + prompt])).logits[:, len(d1 + d2):]
+    assert (logits - expected).abs().max() < 1e-4
+    assert s1.k == len(d1)
+
+
+def _train_step(model, doc_ids, soft_prompt=False):
+    docs = [doc_ids(DOC), doc_ids(DOC2)]
+    states = model.compress(docs)
+    target = torch.tensor([doc_ids(PROMPT)] * 2)
+    return model.decode([[states[0]], [states[1], states[0]]], target, labels=target, soft_prompt=soft_prompt)
+
+
+def test_scores_do_not_change_the_forward_pass(make_model, doc_ids):
+    """Scores enter only as s - s.detach(): with gradients live, a shift of every score changes nothing."""
+    model = make_model(ratio=3)
+    model.train()
+    reference = _train_step(model, doc_ids).logits
+    with torch.no_grad():
+        model.scorer.net[-1].bias.add_(5.0)  # shifts every score, keeps their order
+    shifted = _train_step(model, doc_ids)
+    assert shifted.logits.requires_grad
+    torch.testing.assert_close(reference, shifted.logits, atol=0, rtol=0)
+
+
+def test_every_trained_part_gets_gradients(make_model, doc_ids):
+    model = make_model(ratio=3)
+    model.train()
+    out = _train_step(model, doc_ids, soft_prompt=True)
+    out.loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.scorer.parameters())
+    assert model.soft_prompt.grad is not None and model.soft_prompt.grad.abs().sum() > 0
+    for adapter in (ENCODER, DECODER):
+        grads = [p.grad for p in model.adapter_parameters(adapter)]
+        assert grads and all(g is not None for g in grads), adapter
+        assert sum(float(g.abs().sum()) for g in grads) > 0, adapter
+    frozen = [p for n, p in model.llama.named_parameters() if "lora_" not in n]
+    assert all(p.grad is None and not p.requires_grad for p in frozen)
+
+
+def test_frozen_parts_get_no_gradient(make_model, doc_ids):
+    model = make_model(ratio=3)
+    model.set_trainable(encoder=True, decoder=False, scorer=True, soft_prompt=False)
+    model.train()
+    _train_step(model, doc_ids).loss.backward()
+    assert all(p.grad is None for p in model.adapter_parameters(DECODER))
+    assert all(p.grad is not None for p in model.adapter_parameters(ENCODER))
+
+
+def test_gradient_checkpointing_keeps_nuggets_and_gradients(make_model, doc_ids):
+    plain, checkpointed = make_model(ratio=3), make_model(ratio=3)
+    checkpointed.enable_gradient_checkpointing()
+    grads = []
+    for model in (plain, checkpointed):
+        model.train()
+        out = _train_step(model, doc_ids, soft_prompt=True)
+        out.loss.backward()
+        grads.append((out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = grads
+    torch.testing.assert_close(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-3, msg=name)
+
+
+def test_save_and_load_give_identical_outputs(make_model, doc_ids, tmp_path):
+    model = make_model(ratio=3)
+    with torch.no_grad():
+        model.scorer.net[0].weight.add_(0.5)
+        model.soft_prompt.add_(1.0)
+    model.save_pretrained(tmp_path)
+    loaded = NuggetModel.from_pretrained(tmp_path, base_model=tiny_base())
+    prompt = [doc_ids(PROMPT)]
+    outputs = []
+    for m in (model, loaded):
+        with torch.no_grad():
+            states = m.compress([doc_ids(DOC)])
+            outputs.append((states[0].fingerprint, m.decode([states], torch.tensor(prompt), soft_prompt=True).logits,
+                            generate(m, [states], prompt, GenerationSettings(max_new_tokens=8))))
+    assert outputs[0][0] == outputs[1][0]
+    assert torch.equal(outputs[0][1], outputs[1][1])
+    assert outputs[0][2] == outputs[1][2]
+    assert loaded.config == model.config
+
+
+def test_checkpoint_refuses_another_base_model(make_model, tmp_path):
+    make_model().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="base model"):
+        NuggetModel.from_pretrained(tmp_path, base_model=tiny_base(seed=7))
+
+
+def test_fingerprint_tracks_what_produces_nuggets(make_model):
+    model = make_model(ratio=4)
+    first = model.fingerprint()
+    assert model.fingerprint(ratio=5) != first
+    with torch.no_grad():
+        next(model.adapter_parameters(DECODER)).add_(1.0)
+    assert model.fingerprint() == first  # the decoder does not shape nuggets
+    with torch.no_grad():
+        next(model.adapter_parameters(ENCODER)).add_(1.0)
+    assert model.fingerprint() != first
+    assert make_model(ratio=4, perturb_adapters=False).fingerprint() == make_model(ratio=4, perturb_adapters=False).fingerprint()
+
+
+def test_generation_matches_transformers_generate(make_model, doc_ids):
+    model = make_model(ratio=1)
+    reference = tiny_base().model
+    d1, d2, prompt = doc_ids(DOC), doc_ids(DOC2), doc_ids(PROMPT)
+    with torch.no_grad():
+        s1, s2 = model.compress([d1, d2], adapter=None)
+    texts = generate(model, [[s1], [s2, s1]], [prompt, prompt[:5]], GenerationSettings(max_new_tokens=10), adapter=None)
+    for text, ids in zip(texts, [d1 + prompt, d2 + d1 + prompt[:5]]):
+        out = reference.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)
+        expected = model.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+        assert text == expected
+
+
+def test_bad_inputs_get_clear_errors(make_model, doc_ids):
+    model = make_model()
+    with pytest.raises(ValueError, match="at least one token"):
+        model.compress([[]])
+    with pytest.raises(ValueError, match="positions"):
+        model.compress([[5] * (model.max_positions + 1)])
+    with pytest.raises(ValueError, match="ratio"):
+        NuggetConfig(ratio=0.5)
+    with pytest.raises(ValueError, match="ratio"):
+        NuggetConfig(ratio="ten")
+    with pytest.raises(ValueError, match="positions"):
+        model.decode([[]], torch.tensor([[5] * (model.max_positions + 1)]))

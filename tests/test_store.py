@@ -1,0 +1,260 @@
+"""NuggetStore and DirectoryByteStore: round trips, LRU, corruption detection, concurrent writers."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from langchain_core.stores import InMemoryByteStore
+
+from nugget_rag.state import NuggetState
+from nugget_rag.store import DirectoryByteStore, NuggetStore
+
+
+def make_state(fingerprint: str = "fp", k: int = 3, seed: int = 0) -> NuggetState:
+    g = torch.Generator().manual_seed(seed)
+    return NuggetState(
+        keys=torch.randn(2, 1, k, 4, generator=g), values=torch.randn(2, 1, k, 4, generator=g),
+        positions=torch.arange(k) * 2, scores=torch.randn(k, generator=g),
+        tokens=[f"t{i}" for i in range(k)], n=2 * k, fingerprint=fingerprint,
+    )
+
+
+def assert_same(a: NuggetState, b: NuggetState) -> None:
+    for name in ("keys", "values", "positions", "scores"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert (a.tokens, a.n, a.fingerprint) == (b.tokens, b.n, b.fingerprint)
+
+
+def entry_path(directory: Path, key: str) -> Path:
+    return directory / key[:2] / key
+
+
+def temp_files(directory: Path) -> list[Path]:
+    return [p for p in directory.rglob("*") if "~" in p.name]
+
+
+def test_round_trip_through_directory(tmp_path):
+    state = make_state()
+    key = NuggetStore(directory=tmp_path).put("doc", state)
+    assert entry_path(tmp_path, key).is_file()
+
+    fresh = NuggetStore(directory=tmp_path)
+    assert_same(fresh.get("doc", "fp"), state)
+    assert_same(fresh.get("doc", "fp"), state)
+    assert fresh.stats == {"memory_hits": 1, "store_hits": 1, "misses": 0, "corrupt": 0, "writes": 0}
+    assert_same(NuggetStore(directory=tmp_path).get_by_key(key), state)
+
+
+def test_round_trip_through_shared_in_memory_byte_store():
+    shared = InMemoryByteStore()
+    state = make_state()
+    writer = NuggetStore(byte_store=shared)
+    key = writer.put("doc", state)
+    assert writer.stats["writes"] == 1
+    assert list(shared.yield_keys()) == [key]
+
+    reader = NuggetStore(byte_store=shared)
+    assert_same(reader.get("doc", "fp"), state)
+    assert reader.stats["store_hits"] == 1
+
+
+def test_other_fingerprint_or_text_misses():
+    store = NuggetStore(byte_store=InMemoryByteStore())
+    store.put("doc", make_state("fp"))
+    assert store.get("doc", "other-fp") is None
+    assert store.get("other doc", "fp") is None
+    assert store.stats["misses"] == 2
+    assert store.key("doc", "fp") != store.key("doc", "other-fp")
+
+
+def test_memory_only_store_keeps_detached_cpu_copy():
+    store = NuggetStore()
+    state = make_state()
+    state.scores.requires_grad_(True)
+    store.put("doc", state)
+    with torch.no_grad():
+        state.keys.add_(1.0)  # the caller's tensors change; the cached copy must not
+    cached = store.get("doc", "fp")
+    assert not cached.scores.requires_grad
+    assert torch.equal(cached.keys, make_state().keys)
+    assert store.stats == {"memory_hits": 1, "store_hits": 0, "misses": 0, "corrupt": 0, "writes": 0}
+
+
+def _flip_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 4] = bytes(b ^ 0xFF for b in data[mid : mid + 4])
+    path.write_bytes(bytes(data))
+
+
+def _flip_tensor_data(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-17])
+
+
+@pytest.mark.parametrize("damage", [_flip_middle, _flip_tensor_data, _truncate])
+def test_corrupt_file_is_detected_and_overwritten_by_put(tmp_path, caplog, damage):
+    state = make_state()
+    key = NuggetStore(directory=tmp_path).put("doc", state)
+    damage(entry_path(tmp_path, key))
+
+    store = NuggetStore(directory=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="nugget_rag.store"):
+        assert store.get("doc", "fp") is None
+    assert store.stats["corrupt"] == 1
+    assert any(key in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    assert store.get_by_key(key) is None
+    assert store.stats["corrupt"] == 2
+
+    store.put("doc", state)
+    assert_same(NuggetStore(directory=tmp_path).get("doc", "fp"), state)
+
+
+def test_entry_with_wrong_fingerprint_is_corrupt(caplog):
+    shared = InMemoryByteStore()
+    key = NuggetStore.key("doc", "fp")
+    shared.mset([(key, make_state("someone-else").to_bytes())])
+    store = NuggetStore(byte_store=shared)
+    with caplog.at_level(logging.WARNING, logger="nugget_rag.store"):
+        assert store.get("doc", "fp") is None
+    assert store.stats["corrupt"] == 1
+    assert "someone-else" in caplog.text and key in caplog.text
+
+
+def test_lru_evicts_least_recently_used_by_bytes():
+    size = make_state().nbytes
+    store = NuggetStore(max_memory_bytes=int(2.5 * size))
+    for i, text in enumerate("abc"):
+        store.put(text, make_state(seed=i))
+        if text == "b":
+            assert store.get("a", "fp") is not None  # touch a: b is now least recently used
+    assert store.get("b", "fp") is None
+    assert store.get("a", "fp") is not None and store.get("c", "fp") is not None
+
+
+def test_entry_larger_than_memory_bound_is_not_kept_in_memory(tmp_path):
+    state = make_state()
+    store = NuggetStore(directory=tmp_path, max_memory_bytes=state.nbytes - 1)
+    store.put("doc", state)
+    assert_same(store.get("doc", "fp"), state)
+    assert_same(store.get("doc", "fp"), state)
+    assert store.stats["memory_hits"] == 0 and store.stats["store_hits"] == 2
+
+
+def _states(writer: int) -> dict[str, NuggetState]:
+    """The same key for every writer (content differs by writer) and one key of its own."""
+    return {"a0ff": make_state(f"w{writer}", seed=writer), f"b{writer:02x}": make_state(f"w{writer}", seed=100 + writer)}
+
+
+def _write_many(directory: str, writer: int, rounds: int) -> None:
+    store = DirectoryByteStore(directory)
+    pairs = [(key, state.to_bytes()) for key, state in _states(writer).items()]
+    for _ in range(rounds):
+        store.mset(pairs)
+
+
+def _check_concurrent_result(directory: Path, writers: int) -> None:
+    store = DirectoryByteStore(directory)
+    shared = NuggetState.from_bytes(store.mget(["a0ff"])[0])
+    assert_same(shared, _states(int(shared.fingerprint[1:]))["a0ff"])
+    for w in range(writers):
+        key, state = list(_states(w).items())[1]
+        assert_same(NuggetState.from_bytes(store.mget([key])[0]), state)
+    assert sorted(store.yield_keys()) == ["a0ff"] + [f"b{w:02x}" for w in range(writers)]
+    assert temp_files(directory) == []
+
+
+def run_threads(targets) -> None:
+    """Run the callables in parallel threads and re-raise the first exception any of them raised."""
+    errors: list[BaseException] = []
+
+    def guarded(target) -> None:
+        try:
+            target()
+        except BaseException as err:  # a thread's exception would otherwise be lost
+            errors.append(err)
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _read_many(directory: str, rounds: int) -> None:
+    """Readers racing the writers must see a missing entry or a whole one, never a partial file."""
+    store = DirectoryByteStore(directory)
+    for _ in range(rounds):
+        data = store.mget(["a0ff"])[0]
+        if data is not None:
+            NuggetState.from_bytes(data)
+
+
+def test_concurrent_thread_writers_and_readers(tmp_path):
+    writers = [lambda w=w: _write_many(str(tmp_path), w, 50) for w in range(8)]
+    run_threads(writers + [lambda: _read_many(str(tmp_path), 300)] * 2)
+    _check_concurrent_result(tmp_path, 8)
+
+
+def test_concurrent_process_writers(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write_many, args=(str(tmp_path), w, 50)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    _check_concurrent_result(tmp_path, 3)
+
+
+def test_concurrent_nugget_store_puts_and_gets(tmp_path):
+    state = make_state()
+
+    def work() -> None:
+        store = NuggetStore(directory=tmp_path)
+        for _ in range(20):
+            store.put("doc", state)
+            assert_same(store.get_by_key(store.key("doc", "fp")), state)
+            assert_same(NuggetStore(directory=tmp_path).get("doc", "fp"), state)
+
+    run_threads([work] * 8)
+    assert temp_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("key", ["", "..", ".hidden", "../etc", "ab/cd", "ab\\cd", "ABCD", "ab cd", "abc~1", "é"])
+def test_invalid_key_raises(tmp_path, key):
+    store = DirectoryByteStore(tmp_path)
+    for call in (lambda: store.mget([key]), lambda: store.mset([(key, b"x")]), lambda: store.mdelete([key])):
+        with pytest.raises(ValueError, match="invalid store key") as err:
+            call()
+        assert repr(key) in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_directory_store_keys_get_delete(tmp_path):
+    store = DirectoryByteStore(tmp_path)
+    store.mset([("ab01", b"1"), ("ab02", b"2"), ("cd03", b"3"), ("e", b"4")])
+    (tmp_path / "ab" / "ab03~leftover").write_bytes(b"partial")  # a temp file is never a key
+    assert sorted(store.yield_keys()) == ["ab01", "ab02", "cd03", "e"]
+    assert sorted(store.yield_keys("ab")) == ["ab01", "ab02"]
+    assert list(store.yield_keys("ab02")) == ["ab02"]
+    assert list(store.yield_keys("c")) == ["cd03"]
+    assert list(store.yield_keys("f")) == []
+    assert store.mget(["ab01", "ffff", "e"]) == [b"1", None, b"4"]
+
+    store.mset([("ab01", b"new")])
+    store.mdelete(["ab02", "ffff"])
+    assert store.mget(["ab01", "ab02"]) == [b"new", None]
+    assert sorted(store.yield_keys()) == ["ab01", "cd03", "e"]

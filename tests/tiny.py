@@ -1,0 +1,43 @@
+"""A tiny randomly initialised LLaMA and a character-level tokenizer, for fast unit tests."""
+
+from __future__ import annotations
+
+import string
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from nugget_rag.base_model import BaseLM, prepare_base_model
+
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(string.printable)))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|im_end|>",
+        bos_token="<|im_start|>",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def tiny_base(seed: int = 0, layers: int = 4, max_positions: int = 512) -> BaseLM:
+    tok = tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).float()
+    return prepare_base_model(model, tok, "tiny-llama")
