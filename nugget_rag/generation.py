@@ -104,7 +104,7 @@ def stream_generate(
     cache = DynamicCache()
     positions = layout.counts[:, None] + token_mask.long().cumsum(1) - 1
     inner = model.llama.model
-    with model.use_adapter(adapter):
+    with model.lock, model.use_adapter(adapter):
         for step in range(steps):
             hidden = inner(
                 inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(token_mask, embeds.shape[1]),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -93,6 +94,8 @@ class NuggetModel(nn.Module):
         self.scorer.to(param.device, param.dtype)
         self.soft_prompt.data = self.soft_prompt.data.to(param.device, param.dtype)
         self._tuner_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
+        # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
+        self.lock = threading.Lock()
         self.set_trainable()
         self.eval()
 
@@ -204,18 +207,37 @@ class NuggetModel(nn.Module):
         return self.scorer(hidden)
 
     def compress(
-        self, token_ids: Sequence[Sequence[int]], ratio: float | None = None, adapter: str | None = ENCODER
+        self,
+        token_ids: Sequence[Sequence[int]],
+        ratio: float | None = None,
+        adapter: str | None = ENCODER,
+        segment_tokens: int | None = None,
     ) -> list[NuggetState]:
-        """Encode each document (a list of token ids) into its nuggets; documents are batched, right-padded."""
+        """Encode each document (a list of token ids) into its nuggets, in one right-padded batch.
+
+        A document longer than `segment_tokens` (default: the model's positions) is cut into segments that are
+        compressed independently and joined into one state (each segment keeps its own last token).
+        """
         ratio = self.config.ratio if ratio is None else NuggetConfig(ratio=ratio).ratio
-        lengths = [len(t) for t in token_ids]
-        if not lengths or min(lengths) == 0:
+        if segment_tokens is not None and segment_tokens < 1:
+            raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
+        segment_tokens = min(segment_tokens or self.max_positions, self.max_positions)
+        if not token_ids or min(len(t) for t in token_ids) == 0:
             raise ValueError("every document must have at least one token")
-        if max(lengths) > self.max_positions:
-            raise ValueError(
-                f"a document of {max(lengths)} tokens exceeds the model's {self.max_positions} positions; "
-                "split it into segments first (NuggetCompressor does this)"
-            )
+        pieces, owners = [], []
+        for doc, ids in enumerate(token_ids):
+            for start in range(0, len(ids), segment_tokens):
+                pieces.append(list(ids[start : start + segment_tokens]))
+                owners.append((doc, start))
+        with self.lock:
+            states = self._compress_segments(pieces, ratio, adapter)
+        joined: list[list[tuple[int, NuggetState]]] = [[] for _ in token_ids]
+        for (doc, start), state in zip(owners, states):
+            joined[doc].append((start, state))
+        return [parts[0][1] if len(parts) == 1 else self._join_segments(parts) for parts in joined]
+
+    def _compress_segments(self, token_ids: list[list[int]], ratio: float, adapter: str | None) -> list[NuggetState]:
+        lengths = [len(t) for t in token_ids]
         input_ids, _ = self._pad(token_ids)
         scores = self.score(input_ids)
         chosen = select_nuggets(scores, lengths, ratio)
@@ -235,6 +257,20 @@ class NuggetModel(nn.Module):
                             tokens, n, fingerprint)
             )
         return states
+
+    def _join_segments(self, parts: list[tuple[int, NuggetState]]) -> NuggetState:
+        """One state for a segmented document: keys move to their document-wide positions."""
+        inv_freq = self.llama.model.rotary_emb.inv_freq
+        keys = [rotate_keys(s.keys, torch.full_like(s.positions, start), inv_freq) for start, s in parts]
+        return NuggetState(
+            keys=torch.cat(keys, dim=2),
+            values=torch.cat([s.values for _, s in parts], dim=2),
+            positions=torch.cat([s.positions + start for start, s in parts]),
+            scores=torch.cat([s.scores for _, s in parts]),
+            tokens=[t for _, s in parts for t in s.tokens],
+            n=sum(s.n for _, s in parts),
+            fingerprint=parts[0][1].fingerprint,
+        )
 
     # ------------------------------------------------------------------ decoder side
     def layout(self, samples: Sequence[Sequence[NuggetState]]) -> NuggetLayout:
@@ -299,7 +335,7 @@ class NuggetModel(nn.Module):
         embeds, full_mask = self.embed(input_ids, token_mask, soft_prompt)
         self.check_positions(int(layout.counts.max()), embeds.shape[1])
         positions = layout.counts[:, None] + full_mask.long().cumsum(1) - 1
-        with self.use_adapter(adapter):
+        with self.lock, self.use_adapter(adapter):
             hidden = self.llama.model(
                 inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(full_mask, embeds.shape[1]),
                 use_cache=False,

@@ -64,8 +64,8 @@ class NuggetState:
             "positions": self.positions.detach().contiguous().cpu(),
             "scores": self.scores.detach().float().contiguous().cpu(),
         }
-        meta = {"format": FORMAT, "n": str(self.n), "fingerprint": self.fingerprint,
-                "tokens": json.dumps(self.tokens), "digest": _digest(tensors)}
+        meta = {"format": FORMAT, "n": str(self.n), "fingerprint": self.fingerprint, "tokens": json.dumps(self.tokens)}
+        meta["digest"] = _digest(tensors, meta)
         return save_tensors(tensors, metadata=meta)
 
     @classmethod
@@ -74,22 +74,24 @@ class NuggetState:
         try:
             meta = _read_metadata(data)
             tensors = load_tensors(data)
-        except (SafetensorError, ValueError, KeyError, json.JSONDecodeError) as err:
+            if meta.get("format") != FORMAT:
+                raise CorruptStateError(f"format {meta.get('format')!r} is not {FORMAT!r}")
+            if meta.get("digest") != _digest(tensors, meta):
+                raise CorruptStateError("content does not match its digest")
+            tokens = json.loads(meta["tokens"])
+            state = cls(tensors["keys"], tensors["values"], tensors["positions"], tensors["scores"],
+                        tokens, int(meta["n"]), meta["fingerprint"])
+        except CorruptStateError:
+            raise
+        except (SafetensorError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
             raise CorruptStateError(f"not a readable nugget state ({err})") from err
-        if meta.get("format") != FORMAT:
-            raise CorruptStateError(f"format {meta.get('format')!r} is not {FORMAT!r}")
-        if meta.get("digest") != _digest(tensors):
-            raise CorruptStateError("tensor data does not match its digest")
-        tokens = json.loads(meta["tokens"])
-        state = cls(tensors["keys"], tensors["values"], tensors["positions"], tensors["scores"],
-                    tokens, int(meta["n"]), meta["fingerprint"])
         if len(tokens) != state.k or state.keys.shape[2] != state.k:
             raise CorruptStateError("inconsistent nugget count")
         return state
 
 
-def _digest(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
+def _digest(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    h = hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True).encode())
     for name in sorted(tensors):
         t = tensors[name]
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())

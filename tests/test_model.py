@@ -221,11 +221,28 @@ def test_bad_inputs_get_clear_errors(make_model, doc_ids):
     model = make_model()
     with pytest.raises(ValueError, match="at least one token"):
         model.compress([[]])
-    with pytest.raises(ValueError, match="positions"):
-        model.compress([[5] * (model.max_positions + 1)])
     with pytest.raises(ValueError, match="ratio"):
         NuggetConfig(ratio=0.5)
     with pytest.raises(ValueError, match="ratio"):
         NuggetConfig(ratio="ten")
     with pytest.raises(ValueError, match="positions"):
         model.decode([[]], torch.tensor([[5] * (model.max_positions + 1)]))
+
+
+def test_long_documents_are_compressed_in_segments_that_compose(make_model, doc_ids):
+    model = make_model(ratio=1)
+    reference = tiny_base().model
+    doc, prompt = doc_ids(DOC + " " + DOC2), doc_ids(PROMPT)
+    with torch.no_grad():
+        whole = model.compress([doc], adapter=None)[0]
+        segmented = model.compress([doc], adapter=None, segment_tokens=20)[0]
+        long_state = model.compress([[7] * (model.max_positions + 30)], ratio=4)[0]
+    assert segmented.n == len(doc) and segmented.positions.tolist() == list(range(len(doc)))
+    assert long_state.n == model.max_positions + 30 and long_state.positions[-1] == long_state.n - 1
+    assert long_state.k == math.ceil(model.max_positions / 4) + math.ceil(30 / 4)
+    # The first segment is read exactly as the base model reads those tokens alone.
+    torch.testing.assert_close(segmented.keys[:, :, :20], whole.keys[:, :, :20], atol=1e-5, rtol=1e-4)
+    assert (segmented.keys[:, :, 20:] - whole.keys[:, :, 20:]).abs().max() > 1e-3  # later segments lack context
+    with torch.no_grad():
+        logits = model.decode([[segmented]], torch.tensor([prompt]), adapter=None).logits
+    assert torch.isfinite(logits).all()

@@ -153,7 +153,8 @@ def test_entry_larger_than_memory_bound_is_not_kept_in_memory(tmp_path):
 
 def _states(writer: int) -> dict[str, NuggetState]:
     """The same key for every writer (content differs by writer) and one key of its own."""
-    return {"a0ff": make_state(f"w{writer}", seed=writer), f"b{writer:02x}": make_state(f"w{writer}", seed=100 + writer)}
+    return {"a0ff": make_state(f"w{writer}", seed=writer),
+            f"b{writer:02x}": make_state(f"w{writer}", seed=100 + writer)}
 
 
 def _write_many(directory: str, writer: int, rounds: int) -> None:
@@ -168,8 +169,8 @@ def _check_concurrent_result(directory: Path, writers: int) -> None:
     shared = NuggetState.from_bytes(store.mget(["a0ff"])[0])
     assert_same(shared, _states(int(shared.fingerprint[1:]))["a0ff"])
     for w in range(writers):
-        key, state = list(_states(w).items())[1]
-        assert_same(NuggetState.from_bytes(store.mget([key])[0]), state)
+        key = f"b{w:02x}"
+        assert_same(NuggetState.from_bytes(store.mget([key])[0]), _states(w)[key])
     assert sorted(store.yield_keys()) == ["a0ff"] + [f"b{w:02x}" for w in range(writers)]
     assert temp_files(directory) == []
 
@@ -258,3 +259,12 @@ def test_directory_store_keys_get_delete(tmp_path):
     store.mdelete(["ab02", "ffff"])
     assert store.mget(["ab01", "ab02"]) == [b"new", None]
     assert sorted(store.yield_keys()) == ["ab01", "cd03", "e"]
+
+
+def test_failed_write_leaves_old_value_and_no_temp_file(tmp_path):
+    store = DirectoryByteStore(tmp_path)
+    store.mset([("ab01", b"old")])
+    with pytest.raises(TypeError):
+        store.mset([("ab01", 12345)])  # f.write fails after the temp file was created
+    assert store.mget(["ab01"]) == [b"old"]
+    assert temp_files(tmp_path) == []

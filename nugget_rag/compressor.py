@@ -1,0 +1,159 @@
+"""NuggetCompressor: LangChain documents in, documents naming their cached nuggets out."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.runnables import RunnableConfig, RunnableSerializable
+from pydantic import ConfigDict, Field, field_validator
+from tqdm.auto import tqdm
+
+from .config import NuggetConfig
+from .model import NuggetModel
+from .state import NuggetState
+from .store import NuggetStore
+
+log = logging.getLogger(__name__)
+
+METADATA_KEY = "nuggets"
+CompressorInput = str | Document | Sequence[str | Document]
+
+
+def as_documents(value: Any) -> list[Document]:
+    """Documents from a Document, a string, or a sequence of them; other types get a TypeError naming them."""
+    items = [value] if isinstance(value, (str, Document)) else value
+    if not isinstance(items, Sequence):
+        raise TypeError(f"expected a Document, a string or a list of them, got {type(value).__name__}")
+    docs = []
+    for i, item in enumerate(items):
+        if isinstance(item, Document):
+            docs.append(item)
+        elif isinstance(item, str):
+            docs.append(Document(page_content=item))
+        else:
+            raise TypeError(f"item {i} is a {type(item).__name__}; give Documents or strings")
+    return docs
+
+
+class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorInput, list[Document]]):
+    """Compresses documents into nuggets (paper Sec. 2.3), caching each in a content-addressed store.
+
+    Input: a Document, a string, or a list of them. Output: new Documents with the same text and metadata plus
+    ``metadata["nuggets"] = {"key", "n_tokens", "n_nuggets", "ratio"}`` (JSON), where ``key`` addresses the
+    NuggetState in `store`. Empty or whitespace-only documents are dropped, with a warning.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model: NuggetModel
+    store: NuggetStore = Field(default_factory=NuggetStore)
+    ratio: float | None = Field(None, description="Compression ratio r; default: the model's.")
+    batch_size: int = Field(8, ge=1, description="Documents compressed in one forward pass.")
+    segment_tokens: int | None = Field(None, ge=1, description="Longer documents are split (default: model positions).")
+    show_progress: bool = False
+
+    @field_validator("ratio", mode="before")
+    @classmethod
+    def _check_ratio(cls, value: object) -> float | None:
+        return None if value is None else NuggetConfig(ratio=value).ratio
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        checkpoint: str | Path | None = None,
+        base_model: str | Path | None = None,
+        store_dir: str | Path | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        **kwargs: Any,
+    ) -> NuggetCompressor:
+        """Load a nugget checkpoint (default: an untrained model on SmolLM2) with a store in `store_dir`."""
+        model = NuggetModel.from_pretrained(checkpoint, base_model=base_model, device=device, dtype=dtype)
+        store = NuggetStore(directory=store_dir) if store_dir else NuggetStore()
+        return cls(model=model, store=store, **kwargs)
+
+    @property
+    def effective_ratio(self) -> float:
+        return self.ratio or self.model.config.ratio
+
+    # ------------------------------------------------------------------ core
+    def states(self, documents: Sequence[Document]) -> list[NuggetState]:
+        """The NuggetState of each (non-empty) document: from the store when cached, else computed and stored."""
+        return [state for _, state in self._compress(documents)]
+
+    def _compress(self, documents: Sequence[Document]) -> list[tuple[str, NuggetState]]:
+        fingerprint = self.model.fingerprint(self.effective_ratio)
+        texts = [d.page_content for d in documents]
+        found: dict[str, NuggetState] = {}
+        missing = []
+        for text in dict.fromkeys(texts):
+            state = self.store.get(text, fingerprint)
+            if state is None:
+                missing.append(text)
+            else:
+                found[text] = state
+        tokenized = {text: self.model.tokenizer(text, add_special_tokens=False)["input_ids"] for text in missing}
+        missing.sort(key=lambda text: len(tokenized[text]))  # similar lengths share a batch: less padding
+        batches = range(0, len(missing), self.batch_size)
+        for start in tqdm(batches, desc="compressing", unit="batch", disable=not self.show_progress or not missing):
+            chunk = missing[start : start + self.batch_size]
+            with torch.inference_mode():
+                states = self.model.compress(
+                    [tokenized[t] for t in chunk], ratio=self.effective_ratio, segment_tokens=self.segment_tokens
+                )
+            for text, state in zip(chunk, states):
+                self.store.put(text, state)
+                found[text] = state
+        return [(self.store.key(text, fingerprint), found[text]) for text in texts]
+
+    def compress(self, documents: Sequence[Document]) -> list[Document]:
+        """New Documents whose metadata names their stored nuggets; the inputs are left untouched."""
+        kept = []
+        for i, doc in enumerate(documents):
+            if doc.page_content.strip():
+                kept.append(doc)
+            else:
+                log.warning("document %d (id=%r) is empty or whitespace; it has no nuggets and is dropped", i, doc.id)
+        results = self._compress(kept)
+        out = []
+        for doc, (key, state) in zip(kept, results):
+            meta = {k: v for k, v in doc.metadata.items() if k != METADATA_KEY}
+            meta[METADATA_KEY] = {"key": key, "n_tokens": state.n, "n_nuggets": state.k, "ratio": self.effective_ratio}
+            out.append(Document(page_content=doc.page_content, metadata=meta, id=doc.id))
+        return out
+
+    # ------------------------------------------------------------------ LangChain interfaces
+    def invoke(self, input: CompressorInput, config: RunnableConfig | None = None, **kwargs: Any) -> list[Document]:
+        return self._call_with_config(lambda value: self.compress(as_documents(value)), input, config, run_type="tool")
+
+    def batch(
+        self,
+        inputs: list[CompressorInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[list[Document]]:
+        """Compress all inputs' documents together (one pass over the model), then split the results back."""
+        groups = [as_documents(value) for value in inputs]
+        flat = self.invoke([doc for group in groups for doc in group], config if isinstance(config, dict) else None)
+        by_content = {doc.page_content: doc for doc in flat}
+        return [[self._relabel(doc, by_content) for doc in group if doc.page_content.strip()] for group in groups]
+
+    @staticmethod
+    def _relabel(doc: Document, compressed: dict[str, Document]) -> Document:
+        meta = {k: v for k, v in doc.metadata.items() if k != METADATA_KEY}
+        meta[METADATA_KEY] = compressed[doc.page_content].metadata[METADATA_KEY]
+        return Document(page_content=doc.page_content, metadata=meta, id=doc.id)
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
+        """BaseDocumentCompressor: the query does not change the nuggets (they are reused by every question)."""
+        return self.invoke(list(documents), {"callbacks": callbacks})

@@ -1,0 +1,139 @@
+"""NuggetLLM: a LangChain chat model whose decoder reads the nuggets of the given documents."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.documents import Document
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.prompt_values import ChatPromptValue, PromptValue
+from pydantic import ConfigDict, Field
+
+from .compressor import NuggetCompressor, as_documents
+from .generation import GenerationSettings, stream_generate
+from .prompts import QA_PROMPT, chat_token_ids, render_instruction
+
+DOCUMENTS_KEY = "documents"
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "chat": "user"}
+
+
+class NuggetLLM(BaseChatModel):
+    """Generates with the Dodo decoder conditioned on the nuggets of any number of documents.
+
+    Input contract (any of):
+    - ``{"documents": [Document | str, ...], "question": str}``: the output of ``retriever | compressor`` and the
+      user's question, as built by ``{"documents": retriever | compressor, "question": RunnablePassthrough()}``;
+    - a string or a list of messages, with documents passed as ``documents=[...]`` (``invoke(..., documents=d)`` or
+      ``.bind(documents=d)``), or carried in a human message's ``additional_kwargs["documents"]``;
+    - no documents at all: a plain chat model.
+    With documents, the last human message is rendered through `prompt_template` (default: the paper's QA prompt,
+    Appendix D), and the decoder reads ``[nuggets of each document, in order] [chat-formatted prompt]``.
+    Documents already compressed by a NuggetCompressor are read from its store; others are compressed on the fly.
+    The answer's ``response_metadata["sources"]`` lists each document's metadata (without nugget details).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    compressor: NuggetCompressor
+    prompt_template: str = Field(QA_PROMPT, description="Instruction with a {question} placeholder.")
+    system_prompt: str | None = None
+    max_new_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: list[str] | None = None
+    seed: int | None = None
+
+    @property
+    def _llm_type(self) -> str:
+        return "nugget-rag"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"base_model": self.compressor.model.base_name, "ratio": self.compressor.effective_ratio,
+                "prompt_template": self.prompt_template, "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature}
+
+    # ------------------------------------------------------------------ input contract
+    def _convert_input(self, model_input: LanguageModelInput | Mapping[str, Any]) -> PromptValue:
+        if isinstance(model_input, Mapping):
+            if "question" not in model_input:
+                raise ValueError(f"a dict input needs a 'question' key (and 'documents'); got keys {sorted(model_input)}")
+            docs = as_documents(model_input.get(DOCUMENTS_KEY) or [])
+            message = HumanMessage(
+                content=str(model_input["question"]),
+                additional_kwargs={DOCUMENTS_KEY: [d.model_dump(include={"page_content", "metadata", "id"}) for d in docs]},
+            )
+            return ChatPromptValue(messages=[message])
+        return super()._convert_input(model_input)
+
+    def _documents(self, messages: Sequence[BaseMessage], extra: Any) -> list[Document]:
+        docs = as_documents(extra) if extra is not None else []
+        for message in messages:
+            for item in message.additional_kwargs.get(DOCUMENTS_KEY, []):
+                docs.append(item if isinstance(item, Document) else Document(**item))
+        return [d for d in docs if d.page_content.strip()]
+
+    def _prompt_ids(self, messages: Sequence[BaseMessage], with_documents: bool) -> list[int]:
+        chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
+        if self.system_prompt and not any(m["role"] == "system" for m in chat):
+            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        if with_documents:
+            last = max(i for i, m in enumerate(chat) if m["role"] == "user") if any(
+                m["role"] == "user" for m in chat) else None
+            if last is None:
+                raise ValueError("with documents, the input needs a human message holding the question")
+            chat[last] = {"role": "user", "content": render_instruction(self.prompt_template, chat[last]["content"])}
+        return chat_token_ids(self.compressor.model.tokenizer, chat)
+
+    # ------------------------------------------------------------------ generation
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        documents: Any = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        docs = self._documents(messages, documents)
+        states = self.compressor.states(docs)
+        prompt = self._prompt_ids(messages, with_documents=bool(docs))
+        settings = GenerationSettings(
+            max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
+            temperature=kwargs.get("temperature", self.temperature),
+            top_p=kwargs.get("top_p", self.top_p),
+            stop=list(stop or self.stop or []),
+            seed=kwargs.get("seed", self.seed),
+        )
+        for pieces in stream_generate(self.compressor.model, [states], [prompt], settings):
+            if pieces[0]:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=pieces[0]))
+                if run_manager:
+                    run_manager.on_llm_new_token(pieces[0], chunk=chunk)
+                yield chunk
+        sources = [{k: v for k, v in d.metadata.items() if k != "nuggets"} for d in docs]
+        n_nuggets = sum(s.k for s in states)
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                response_metadata={"sources": sources, "n_documents": len(docs), "n_nuggets": n_nuggets,
+                                   "model_name": self.compressor.model.base_name},
+                chunk_position="last",
+            )
+        )
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        final: ChatGenerationChunk | None = None
+        for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
+            final = chunk if final is None else final + chunk
+        message = AIMessage(content=final.message.content, response_metadata=final.message.response_metadata)
+        return ChatResult(generations=[ChatGeneration(message=message)])
