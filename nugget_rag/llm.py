@@ -7,7 +7,7 @@ from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.documents import Document
-from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.prompt_values import ChatPromptValue, PromptValue
@@ -57,6 +57,14 @@ class NuggetLLM(BaseChatModel):
                 "prompt_template": self.prompt_template, "max_new_tokens": self.max_new_tokens,
                 "temperature": self.temperature}
 
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params.update(ls_provider="nugget-rag", ls_model_name=kwargs.get("model", self.compressor.model.base_name),
+                      ls_max_tokens=kwargs.get("max_new_tokens", self.max_new_tokens))
+        if stop or self.stop:
+            params["ls_stop"] = list(stop or self.stop)
+        return params
+
     # ------------------------------------------------------------------ input contract
     def _convert_input(self, model_input: LanguageModelInput | Mapping[str, Any]) -> PromptValue:
         if isinstance(model_input, Mapping):
@@ -98,6 +106,9 @@ class NuggetLLM(BaseChatModel):
         documents: Any = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        model_name = kwargs.get("model", self.compressor.model.base_name)
+        if model_name != self.compressor.model.base_name:
+            raise ValueError(f"this NuggetLLM serves {self.compressor.model.base_name!r}, not model={model_name!r}")
         docs = self._documents(messages, documents)
         states = self.compressor.states(docs)
         prompt = self._prompt_ids(messages, with_documents=bool(docs))
