@@ -1,1 +1,20 @@
 """LangChain retrieval over the nugget store: FAISS index + all-MiniLM-L6-v2 embeddings."""
+
+from .faiss_store import (
+    IndexFileError,
+    NuggetIndex,
+    SentenceTransformerEmbeddings,
+    build_qa_chain,
+    chunk_id,
+    embedding_name,
+    minilm_embeddings,
+    source_label,
+)
+from .loaders import DocumentLoadError, load_documents, load_jsonl
+from .visualize import NuggetView, nugget_view, render_html, render_terminal
+
+__all__ = [
+    "DocumentLoadError", "IndexFileError", "NuggetIndex", "SentenceTransformerEmbeddings", "build_qa_chain",
+    "chunk_id", "embedding_name", "load_documents", "load_jsonl", "minilm_embeddings", "source_label",
+    "NuggetView", "nugget_view", "render_html", "render_terminal",
+]

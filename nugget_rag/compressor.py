@@ -83,9 +83,9 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         return self.ratio or self.model.config.ratio
 
     # ------------------------------------------------------------------ core
-    def states(self, documents: Sequence[Document]) -> list[NuggetState]:
-        """The NuggetState of each (non-empty) document: from the store when cached, else computed and stored."""
-        return [state for _, state in self._compress(documents)]
+    def states(self, documents: Sequence[Document | str]) -> list[NuggetState]:
+        """The NuggetState of each document: from the store when cached, else computed and stored."""
+        return [state for _, state in self._compress(as_documents(documents))]
 
     def _compress(self, documents: Sequence[Document]) -> list[tuple[str, NuggetState]]:
         fingerprint = self.model.fingerprint(self.effective_ratio)

