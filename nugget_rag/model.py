@@ -138,11 +138,16 @@ class NuggetModel(nn.Module):
         PEFT's set_adapter/enable_adapters also rewrite requires_grad (the inactive adapter stops training), which
         is wrong when both adapters train in one step; so only the two switches of each LoRA layer are flipped.
         """
+        switches = [([adapter] if adapter else layer._active_adapter, adapter is None) for layer in self._tuner_layers]
+        with self._switched(switches):
+            yield
+
+    @contextmanager
+    def _switched(self, switches: list[tuple[list[str], bool]]):
+        """Set each LoRA layer's (active adapter, disabled) switches; restore them afterwards."""
         saved = [(layer._active_adapter, layer._disable_adapters) for layer in self._tuner_layers]
-        for layer in self._tuner_layers:
-            if adapter is not None:
-                layer._active_adapter = [adapter]
-            layer._disable_adapters = adapter is None
+        for layer, (active, disabled) in zip(self._tuner_layers, switches):
+            layer._active_adapter, layer._disable_adapters = active, disabled
         try:
             yield
         finally:
@@ -160,14 +165,8 @@ class NuggetModel(nn.Module):
         switches = [(layer._active_adapter, layer._disable_adapters) for layer in self._tuner_layers]
 
         def replay(*inputs):
-            saved = [(layer._active_adapter, layer._disable_adapters) for layer in self._tuner_layers]
-            for layer, (active, disabled) in zip(self._tuner_layers, switches):
-                layer._active_adapter, layer._disable_adapters = active, disabled
-            try:
+            with self._switched(switches):
                 return function(*inputs)
-            finally:
-                for layer, (active, disabled) in zip(self._tuner_layers, saved):
-                    layer._active_adapter, layer._disable_adapters = active, disabled
 
         return checkpoint(replay, *args, use_reentrant=False)
 
