@@ -7,6 +7,7 @@ from .faiss_store import (
     build_qa_chain,
     chunk_id,
     embedding_name,
+    load_compressor,
     minilm_embeddings,
     source_label,
 )
@@ -15,6 +16,6 @@ from .visualize import NuggetView, nugget_view, render_html, render_terminal
 
 __all__ = [
     "DocumentLoadError", "IndexFileError", "NuggetIndex", "SentenceTransformerEmbeddings", "build_qa_chain",
-    "chunk_id", "embedding_name", "load_documents", "load_jsonl", "minilm_embeddings", "source_label",
+    "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "source_label",
     "NuggetView", "nugget_view", "render_html", "render_terminal",
 ]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import faiss
+import torch
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
@@ -95,6 +96,19 @@ def embedding_name(embeddings: Embeddings) -> str:
     return type(embeddings).__name__
 
 
+# ---------------------------------------------------------------------------------------------- nugget model
+def load_compressor(
+    checkpoint: str | Path | None = None,
+    base_model: str | Path | None = None,
+    store_dir: str | Path | None = None,
+    device: str | None = None,
+    ratio: float | None = None,
+) -> NuggetCompressor:
+    """`NuggetCompressor.from_pretrained` (an untrained model is seeded, so its fingerprint is stable)."""
+    return NuggetCompressor.from_pretrained(checkpoint, base_model=base_model, store_dir=store_dir,
+                                            device=device, ratio=ratio)
+
+
 # ---------------------------------------------------------------------------------------------- index
 def chunk_id(source: str, text: str) -> str:
     """Deterministic chunk id: the same text from the same source is indexed once."""
@@ -105,7 +119,7 @@ class NuggetIndex:
     """FAISS over document chunks + their nuggets in the compressor's store, filled in one `ingest` step.
 
     Chunks are cut by the compressor's tokenizer (`chunk_tokens`, `chunk_overlap`), embedded for retrieval
-    (cosine similarity) and compressed into nuggets at once, so a later question only reads cached nuggets.
+    (cosine ranking) and compressed into nuggets at once, so a later question only reads cached nuggets.
     """
 
     def __init__(
@@ -129,7 +143,7 @@ class NuggetIndex:
         self.show_progress = show_progress
         self.batch_size = batch_size
         self.splitter = RecursiveCharacterTextSplitter.from_huggingface_tokenizer(
-            compressor.model.tokenizer, chunk_size=chunk_tokens, chunk_overlap=chunk_overlap, add_start_index=True,
+            compressor.model.tokenizer, chunk_size=chunk_tokens, chunk_overlap=chunk_overlap,
         )
         self.vectorstore: FAISS | None = None
         self.last_ingest: dict[str, int] = {}
@@ -157,10 +171,15 @@ class NuggetIndex:
         chunks = []
         for doc in documents:
             source = str(doc.metadata.get("source") or doc.id or "")
+            start = 0
             for i, chunk in enumerate(self.splitter.split_documents([doc])):
                 if not chunk.page_content.strip():
                     continue
-                chunk.metadata["chunk"] = i
+                # the splitter's own add_start_index mixes token overlap with character offsets: find it here
+                found = doc.page_content.find(chunk.page_content, start)
+                found = found if found >= 0 else doc.page_content.find(chunk.page_content)
+                start = found + 1 if found >= 0 else start
+                chunk.metadata.update(chunk=i, start_index=found)
                 chunk.id = chunk_id(source, chunk.page_content)
                 chunks.append(chunk)
         return chunks
@@ -199,15 +218,16 @@ class NuggetIndex:
         if not docs:
             return
         if self.vectorstore is None:
-            self.vectorstore = self._new_vectorstore(faiss.IndexFlatIP(len(vectors[0])), {}, {})
+            self.vectorstore = self._new_vectorstore(faiss.IndexFlatL2(len(vectors[0])), {}, {})
         self.vectorstore.add_embeddings(
             [(d.page_content, v) for d, v in zip(docs, vectors)], metadatas=[d.metadata for d in docs],
             ids=[d.id for d in docs],
         )
 
     def _new_vectorstore(self, index: Any, docs: dict[str, Document], mapping: dict[int, str]) -> FAISS:
+        # L2 distance between unit vectors ranks as cosine similarity, for any embeddings
         return FAISS(self.embeddings, index, InMemoryDocstore(docs), mapping, normalize_L2=True,
-                     distance_strategy=DistanceStrategy.MAX_INNER_PRODUCT)
+                     distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE)
 
     # ------------------------------------------------------------------ retrieval
     def as_retriever(self, k: int = 4, **kwargs: Any) -> BaseRetriever:
@@ -223,7 +243,7 @@ class NuggetIndex:
             "format": INDEX_FORMAT,
             "embedding_model": self.embedding_model,
             "dimension": None if self.vectorstore is None else self.vectorstore.index.d,
-            "distance": "cosine",
+            "distance": "l2 over unit vectors (cosine ranking)",
             "count": len(self),
             "nugget_model": model.base_name,
             "nugget_fingerprint": model.fingerprint(self.compressor.effective_ratio),
@@ -404,12 +424,12 @@ def source_label(metadata: dict[str, Any]) -> str:
         parts.append(f"id={meta['id']}")
     if meta.get("title"):
         parts.append(f"title={meta['title']!r}")
-    if "start_index" in meta:
+    if meta.get("start_index", -1) >= 0:
         parts.append(f"chars {meta['start_index']}+")
     return "  ".join(parts)
 
 
 __all__: list[str] = [
     "IndexFileError", "NuggetIndex", "SentenceTransformerEmbeddings", "build_qa_chain", "chunk_id",
-    "embedding_name", "minilm_embeddings", "source_label",
+    "embedding_name", "load_compressor", "minilm_embeddings", "source_label",
 ]

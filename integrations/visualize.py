@@ -107,8 +107,8 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 60em; }}
 <body>
 <h1>{html.escape(title)}</h1>
 <p class="summary">{html.escape(view.summary())}</p>
-<p class="legend"><span class="tok nugget" style="background:hsl(120,65%,58%)">nugget</span>
-<span class="tok" style="background:rgba(0,0,0,.3)">darker = higher Scorer score</span>
+<p class="legend"><span style="background:hsl(120,65%,58%)">nugget</span>
+<span style="background:rgba(0,0,0,.3)">darker = higher Scorer score</span>
 (hover a token for its score)</p>
 <div class="text">{"".join(spans)}</div>
 </body></html>

@@ -76,20 +76,20 @@ class NuggetModel(nn.Module):
                         target_modules=list(lora.target_modules), bias="none")
         # Nuggets are keys/values: the encoder's last query and output projections never shape them.
         unused = rf".*layers\.{lm.config.num_hidden_layers - 1}\.self_attn\.(q_proj|o_proj)"
-        self.peft = get_peft_model(lm, LoraConfig(**settings, exclude_modules=unused), adapter_name=ENCODER)
-        self.peft.add_adapter(DECODER, LoraConfig(**settings))
-        hidden = lm.config.hidden_size
         if not 1 <= self.config.scorer_layer <= lm.config.num_hidden_layers:
             raise ValueError(
                 f"scorer_layer={self.config.scorer_layer} is outside the model's 1..{lm.config.num_hidden_layers} layers"
             )
-        generator = torch.Generator().manual_seed(self.config.seed)
-        self.scorer = Scorer(hidden, self.config.scorer_hidden or hidden)
-        with torch.no_grad():
-            for p in self.scorer.parameters():
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.02 if p.ndim > 1 else torch.zeros(p.shape))
-        std = float(lm.get_input_embeddings().weight.float().std())
-        self.soft_prompt = nn.Parameter(torch.randn(self.config.soft_prompt_tokens, hidden, generator=generator) * std)
+        hidden = lm.config.hidden_size
+        # Seeded init of every new part: an untrained model is the same (same fingerprint) in every process,
+        # and the caller's random stream is left as it was.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.config.seed)
+            self.peft = get_peft_model(lm, LoraConfig(**settings, exclude_modules=unused), adapter_name=ENCODER)
+            self.peft.add_adapter(DECODER, LoraConfig(**settings))
+            self.scorer = Scorer(hidden, self.config.scorer_hidden or hidden)
+            std = float(lm.get_input_embeddings().weight.float().std())
+            self.soft_prompt = nn.Parameter(torch.randn(self.config.soft_prompt_tokens, hidden) * std)
         param = next(lm.parameters())
         self.scorer.to(param.device, param.dtype)
         self.soft_prompt.data = self.soft_prompt.data.to(param.device, param.dtype)

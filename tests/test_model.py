@@ -246,3 +246,16 @@ def test_long_documents_are_compressed_in_segments_that_compose(make_model, doc_
     with torch.no_grad():
         logits = model.decode([[segmented]], torch.tensor([prompt]), adapter=None).logits
     assert torch.isfinite(logits).all()
+
+
+def test_untrained_model_is_the_same_in_every_process():
+    """LoRA and Scorer start from the config's seed, so a store written by one process serves the next."""
+    fingerprints = []
+    for global_seed in (1, 2):
+        base = tiny_base()
+        torch.manual_seed(global_seed)
+        state = torch.random.get_rng_state()
+        fingerprints.append(NuggetModel(base, NuggetConfig(scorer_layer=2)).fingerprint())
+        assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random stream is untouched
+    assert fingerprints[0] == fingerprints[1]
+    assert NuggetModel(tiny_base(), NuggetConfig(scorer_layer=2, seed=1)).fingerprint() != fingerprints[0]

@@ -1,0 +1,123 @@
+"""The `nugget-rag` command, run in-process on the tiny model and hash embeddings."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from test_integrations import HashEmbeddings
+from tiny import tiny_base
+
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore, cli
+from nugget_rag.integrations import NuggetIndex, build_qa_chain
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+
+
+@pytest.fixture(autouse=True)
+def tiny_cli(monkeypatch, tiny_model):
+    def load_compressor(args, store_dir=None):
+        store = NuggetStore(directory=store_dir) if store_dir is not None else NuggetStore()
+        return NuggetCompressor(model=tiny_model, store=store, ratio=getattr(args, "ratio", None))
+
+    monkeypatch.setattr(cli, "load_compressor", load_compressor)
+    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    folder = tmp_path / "docs"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "birds.md").write_text("# Falcons\nThe falcon hunts over the river valley and dives at great speed.")
+    (folder / "sub" / "bread.txt").write_text("Sourdough bread needs flour, water, salt and a starter culture.")
+    (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00binary")
+    jsonl = tmp_path / "planets.jsonl"
+    jsonl.write_text(json.dumps({"id": "jupiter", "title": "Jupiter", "text": "Jupiter is the largest planet; its "
+                                 "great red spot is a storm."}) + "\n" + json.dumps({"text": "Mars is red and cold."}))
+    return folder, jsonl
+
+
+def ingest(capsys, corpus, index_dir) -> str:
+    folder, jsonl = corpus
+    assert cli.main(["ingest", str(folder), str(jsonl), "--index", str(index_dir), "--chunk-tokens", "48", "-q"]) == 0
+    return capsys.readouterr().out
+
+
+def test_ingest_folder_and_jsonl(capsys, corpus, tmp_path):
+    index_dir = tmp_path / "index"
+    out = ingest(capsys, corpus, index_dir)
+    assert "Ingested 4 documents" in out and str(index_dir) in out
+    docstore = json.loads((index_dir / "docstore.json").read_text())
+    sources = {d["metadata"]["source"] for d in docstore["documents"]}
+    folder, jsonl = corpus
+    assert sources == {str(folder / "birds.md"), str(folder / "sub" / "bread.txt"), "jupiter", f"{jsonl}:2"}
+    assert all(len(d["page_content"]) <= 48 for d in docstore["documents"])  # char tokenizer: 1 char = 1 token
+    manifest = json.loads((index_dir / "index.json").read_text())
+    assert manifest["count"] == len(docstore["documents"]) and manifest["chunk_tokens"] == 48
+    assert sum(1 for p in (index_dir / "nuggets").rglob("*") if p.is_file()) == manifest["count"]
+
+    again = ingest(capsys, corpus, index_dir)  # appends to the existing index: nothing new
+    assert f"(0 new, {manifest['count']} already indexed)" in again
+    assert json.loads((index_dir / "index.json").read_text())["count"] == manifest["count"]
+
+
+def test_ask_streams_an_answer_and_lists_sources(capsys, corpus, tmp_path, tiny_model):
+    index_dir = tmp_path / "index"
+    ingest(capsys, corpus, index_dir)
+    question = "Which planet has a great red spot storm?"
+    assert cli.main(["ask", question, "--index", str(index_dir), "-k", "2", "--max-new-tokens", "5"]) == 0
+    answer, sources = capsys.readouterr().out.split("Sources:\n")
+    index = NuggetIndex.load(index_dir, NuggetCompressor(model=tiny_model), HashEmbeddings())
+    expected = build_qa_chain(index, NuggetLLM(compressor=index.compressor, max_new_tokens=5), k=2).invoke(question)
+    assert expected.content and answer == expected.content + "\n"
+    lines = sources.strip().splitlines()
+    assert len(lines) == 2 and lines[0].strip().startswith("jupiter  title='Jupiter'")
+
+
+def test_ask_without_index_is_a_user_error(capsys, tmp_path):
+    assert cli.main(["ask", "anything?", "--index", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "no index in" in err and "nugget-rag ingest" in err and "Traceback" not in err
+
+
+def test_inspect_writes_html_with_nugget_spans(capsys, tmp_path):
+    text = "The falcon dives at great speed over the valley."
+    out_file = tmp_path / "view" / "nuggets.html"
+    assert cli.main(["inspect", text, "--ratio", "4", "--html", str(out_file)]) == 0
+    page = out_file.read_text()
+    k = math.ceil(len(text) / 4)
+    assert page.count('class="tok nugget"') == k and page.count('class="tok"') == len(text) - k
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page
+    assert f"{len(text)} tokens, {k} nuggets" in capsys.readouterr().out
+
+
+def test_inspect_file_in_the_terminal(capsys, tmp_path):
+    path = tmp_path / "note.txt"
+    path.write_text("Nuggets are the tokens kept.")
+    assert cli.main(["inspect", str(path), "--ratio", "7", "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[[") == 4 and "28 tokens, 4 nuggets, r = 7.00" in out
+    assert out.replace("[[", "").replace("]]", "").startswith("Nuggets are the tokens kept.")
+
+
+def test_missing_path_is_named_with_exit_code_2(capsys, corpus, tmp_path):
+    folder, _ = corpus
+    code = cli.main(["ingest", str(folder), str(tmp_path / "nope.txt"), "--index", str(tmp_path / "index")])
+    err = capsys.readouterr().err
+    assert code == 2 and "nope.txt" in err and "Traceback" not in err
+    assert not (tmp_path / "index").exists()
+    assert cli.main(["inspect", str(tmp_path / "missing.md")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_bad_jsonl_and_bad_options(capsys, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": oops}\n')
+    assert cli.main(["ingest", str(bad), "--index", str(tmp_path / "index")]) == 2
+    assert "bad.jsonl:2 is not valid JSON" in capsys.readouterr().err
+    assert cli.main(["inspect", "some text", "--ratio", "0.5"]) == 2
+    assert "must be >= 1" in capsys.readouterr().err

@@ -1,0 +1,242 @@
+"""NuggetIndex (FAISS + nugget store in one directory), the QA chain, loaders and the nugget view, on the tiny model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.messages import AIMessage
+from tiny import tiny_base
+
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
+from nugget_rag.integrations import (
+    DocumentLoadError,
+    IndexFileError,
+    NuggetIndex,
+    build_qa_chain,
+    load_documents,
+    nugget_view,
+    render_html,
+    render_terminal,
+)
+
+DOCS = [
+    Document(page_content="The falcon hunts over the river valley. Falcons dive at great speed to catch pigeons. "
+                          "A falcon nests on cliffs and tall buildings.", metadata={"source": "birds.txt"}),
+    Document(page_content="Sourdough bread needs flour, water, salt and a starter. The dough rises overnight and is "
+                          "baked in a hot oven until the crust is dark.", metadata={"source": "bread.txt"}),
+    Document(page_content="Jupiter is the largest planet of the solar system. Its great red spot is a storm larger "
+                          "than the Earth, and it has dozens of moons.", metadata={"source": "planets.txt"}),
+]
+
+
+class HashEmbeddings(Embeddings):
+    """Deterministic bag-of-words embeddings: each word of 4+ letters hashed into one of 64 dimensions."""
+
+    def __init__(self, model_name: str = "hash-words-64"):
+        self.model_name = model_name
+        self.calls = 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.calls += 1
+        return [self._embed(t) for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._embed(text)
+
+    @staticmethod
+    def _embed(text: str) -> list[float]:
+        vector = [0.0] * 64
+        for word in re.findall(r"[a-z]{4,}", text.lower()):
+            vector[hashlib.sha256(word.rstrip("s").encode()).digest()[0] % 64] += 1.0
+        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+        return [v / norm for v in vector]
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+
+
+@pytest.fixture
+def compressor(tiny_model, tmp_path):
+    return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=tmp_path / "store"))
+
+
+@pytest.fixture
+def index(compressor):
+    index = NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
+    index.ingest(DOCS)
+    return index
+
+
+def forbid_compress(monkeypatch, model):
+    def fail(*args, **kwargs):
+        raise AssertionError("the model was asked to compress: nuggets were not read from the store")
+
+    monkeypatch.setattr(model, "compress", fail)
+
+
+def test_ingest_splits_indexes_and_compresses_every_chunk(compressor):
+    index = NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
+    added = index.ingest(DOCS)
+    assert added == len(index) > len(DOCS)  # several chunks per document
+    assert index.last_ingest == {"documents": 3, "chunks": added, "added": added, "skipped": 0}
+    tokenizer = compressor.model.tokenizer
+    for chunk in index.documents:
+        assert len(tokenizer.tokenize(chunk.page_content)) <= 64
+        meta = chunk.metadata["nuggets"]
+        assert compressor.store.byte_store.mget([meta["key"]])[0] is not None  # on disk, not only in memory
+        state = compressor.store.get_by_key(meta["key"])
+        assert state.n == meta["n_tokens"] == len(tokenizer.tokenize(chunk.page_content))
+        assert state.k == meta["n_nuggets"] == math.ceil(state.n / 4)
+    texts = {d.metadata["source"]: d.page_content for d in DOCS}
+    for chunk in index.documents:
+        start = chunk.metadata["start_index"]
+        assert texts[chunk.metadata["source"]][start : start + len(chunk.page_content)] == chunk.page_content
+    assert {c.metadata["source"] for c in index.documents} == set(texts)
+
+
+@pytest.mark.parametrize("question, source", [
+    ("How fast does a falcon dive?", "birds.txt"),
+    ("What goes into sourdough bread dough?", "bread.txt"),
+    ("Which planet has the great red spot storm?", "planets.txt"),
+])
+def test_retrieval_finds_the_relevant_document(index, question, source):
+    assert index.as_retriever(k=1).invoke(question)[0].metadata["source"] == source
+
+
+def test_save_load_round_trip_reads_nuggets_from_disk(index, tiny_model, tmp_path, monkeypatch):
+    target = tmp_path / "saved"
+    index.save(target)
+    assert sorted(p.name for p in target.iterdir()) == ["docstore.json", "index.faiss", "index.json", "nuggets"]
+    manifest = json.loads((target / "index.json").read_text())
+    assert manifest["embedding_model"] == "hash-words-64" and manifest["count"] == len(index)
+    assert manifest["nugget_fingerprint"] == tiny_model.fingerprint(4.0)
+
+    fresh = NuggetCompressor(model=tiny_model)  # memory-only store: load() points it at target/nuggets
+    loaded = NuggetIndex.load(target, compressor=fresh, embeddings=HashEmbeddings())
+    assert loaded.compressor.store.byte_store.directory == target / "nuggets"
+    assert loaded.ids == index.ids and loaded.chunk_tokens == 64
+    question = "Which planet has the great red spot storm?"
+    before = index.vectorstore.similarity_search_with_score(question, k=3)
+    after = loaded.vectorstore.similarity_search_with_score(question, k=3)
+    assert [(d.id, d.page_content, round(s, 5)) for d, s in before] == [(d.id, d.page_content, round(s, 5))
+                                                                          for d, s in after]
+    forbid_compress(monkeypatch, tiny_model)
+    retrieved = loaded.as_retriever(k=3).invoke(question)
+    compressed = loaded.compressor.invoke(retrieved)
+    assert loaded.compressor.store.stats["store_hits"] == 3 and loaded.compressor.store.stats["misses"] == 0
+    assert [d.metadata["nuggets"]["key"] for d in compressed] == [d.metadata["nuggets"]["key"] for d, _ in before]
+
+
+def test_save_elsewhere_copies_the_nuggets(compressor, tmp_path, tiny_model, monkeypatch):
+    memory_only = compressor.model_copy(update={"store": NuggetStore()})
+    index = NuggetIndex(memory_only, HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
+    index.ingest(DOCS[:1])
+    index.save(tmp_path / "copy")
+    forbid_compress(monkeypatch, tiny_model)
+    loaded = NuggetIndex.load(tmp_path / "copy", compressor=NuggetCompressor(model=tiny_model),
+                              embeddings=HashEmbeddings())
+    loaded.compressor.invoke(loaded.documents)
+    assert loaded.compressor.store.stats["store_hits"] == len(loaded) > 0
+
+
+def test_reingest_adds_nothing_and_computes_nothing(index, tiny_model, tmp_path, monkeypatch):
+    ids = index.ids
+    forbid_compress(monkeypatch, tiny_model)
+    assert index.ingest(DOCS) == 0
+    assert index.ids == ids and index.last_ingest["skipped"] == len(ids)
+    index.save(tmp_path / "saved")
+    loaded = NuggetIndex.load(tmp_path / "saved", compressor=index.compressor, embeddings=HashEmbeddings())
+    assert loaded.ingest(DOCS[::-1]) == 0 and loaded.ids == ids
+    monkeypatch.undo()
+    extra = Document(page_content="Tea is brewed from the leaves of Camellia sinensis.", metadata={"source": "tea"})
+    assert loaded.ingest([extra, DOCS[0]]) == 1 and len(loaded) == len(ids) + 1
+
+
+def test_loading_with_other_embeddings_names_both(index, tmp_path):
+    index.save(tmp_path / "saved")
+    with pytest.raises(ValueError, match=r"'hash-words-64'.*'other-model'.*new index directory"):
+        NuggetIndex.load(tmp_path / "saved", compressor=index.compressor, embeddings=HashEmbeddings("other-model"))
+
+
+def test_damaged_files_are_named(index, tmp_path):
+    saved = index.save(tmp_path / "saved")
+    docstore = saved / "docstore.json"
+    docstore.write_bytes(docstore.read_bytes()[:100])
+    with pytest.raises(IndexFileError, match=r"docstore\.json is truncated"):
+        NuggetIndex.load(saved, compressor=index.compressor, embeddings=HashEmbeddings())
+
+    index.save(saved)
+    faiss_file = saved / "index.faiss"
+    faiss_file.write_bytes(faiss_file.read_bytes()[:50])
+    with pytest.raises(IndexFileError, match=r"index\.faiss is truncated"):
+        NuggetIndex.load(saved, compressor=index.compressor, embeddings=HashEmbeddings())
+
+    faiss_file.unlink()
+    with pytest.raises(FileNotFoundError, match=r"index\.faiss is missing"):
+        NuggetIndex.load(saved, compressor=index.compressor, embeddings=HashEmbeddings())
+    with pytest.raises(FileNotFoundError, match=r"index\.json is missing"):
+        NuggetIndex.load(tmp_path / "nothing", compressor=index.compressor, embeddings=HashEmbeddings())
+
+
+def test_qa_chain_answers_with_sources(index):
+    llm = NuggetLLM(compressor=index.compressor, max_new_tokens=4)
+    question = "How fast does a falcon dive?"
+    expected = [d.metadata["source"] for d in index.as_retriever(k=2).invoke(question)]
+    message = build_qa_chain(index, llm, k=2).invoke(question)
+    assert isinstance(message, AIMessage) and message.content
+    assert [s["source"] for s in message.response_metadata["sources"]] == expected
+    assert all("nuggets" not in s for s in message.response_metadata["sources"])
+    assert message.response_metadata["n_documents"] == 2
+    text = build_qa_chain(index.as_retriever(k=2), llm, as_text=True).invoke(question)
+    assert text == message.content  # greedy: the same answer
+
+
+def test_view_pieces_rebuild_the_text_and_mark_the_nuggets(compressor):
+    text = "Nuggets keep a few tokens.\n\nThe rest are dropped!"
+    view = nugget_view(compressor, text)
+    assert "".join(view.pieces) == text and len(view.scores) == view.n == len(text)
+    state = compressor.states([Document(page_content=text)])[0]
+    assert view.nuggets == set(state.positions.tolist()) and view.k == math.ceil(len(text) / 4)
+    assert render_terminal(view, color=True).count("\x1b[7;32m") == view.k
+    page = render_html(view)
+    assert page.count('class="tok nugget"') == view.k and page.count('class="tok"') == view.n - view.k
+
+
+def test_load_documents(tmp_path):
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "docs" / "a.md").write_text("# A\nalpha")
+    (tmp_path / "docs" / "sub" / "b.rst").write_text("beta")
+    (tmp_path / "docs" / "blob.bin").write_bytes(b"\x00\x01\x02binary")
+    (tmp_path / "docs" / ".git").mkdir()
+    (tmp_path / "docs" / ".git" / "HEAD").write_text("ref: x")
+    (tmp_path / "c.jsonl").write_text('{"id": "c1", "title": "C", "text": "gamma"}\n\n{"text": "delta"}\n')
+    docs = load_documents([tmp_path / "docs", tmp_path / "c.jsonl"])
+    assert [d.page_content for d in docs] == ["# A\nalpha", "beta", "gamma", "delta"]
+    assert [d.metadata["source"] for d in docs][2:] == ["c1", f"{tmp_path / 'c.jsonl'}:3"]
+    assert docs[2].metadata == {"id": "c1", "title": "C", "source": "c1"}
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"txt": "no"}\n')
+    with pytest.raises(DocumentLoadError, match=r"bad\.jsonl:2 .*\"text\""):
+        load_documents([tmp_path / "bad.jsonl"])
+    with pytest.raises(DocumentLoadError, match=r"missing-1\.txt, .*missing-2"):
+        load_documents([tmp_path / "missing-1.txt", tmp_path / "c.jsonl", tmp_path / "missing-2"])
+
+
+def test_minilm_embeddings_load_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from nugget_rag.integrations import minilm_embeddings
+
+    embeddings = minilm_embeddings(device="cpu")
+    a, b, c = embeddings.embed_documents(["A falcon dives at its prey.", "The hawk swoops down on a mouse.",
+                                          "Preheat the oven to 220 degrees."])
+    assert len(a) == 384 and abs(sum(x * x for x in a) - 1) < 1e-4
+    dot = lambda u, v: sum(x * y for x, y in zip(u, v))  # noqa: E731
+    assert dot(a, b) > dot(a, c)
+    assert embeddings.model_name == "sentence-transformers/all-MiniLM-L6-v2"
