@@ -17,6 +17,7 @@ from pathlib import Path
 from langchain_core.embeddings import Embeddings
 
 from .compressor import NuggetCompressor
+from .config import NuggetConfig
 from .llm import NuggetLLM
 
 log = logging.getLogger("nugget_rag.cli")
@@ -136,12 +137,9 @@ def _manifest(index_dir: Path) -> dict:
 # ---------------------------------------------------------------------------------------------- parser
 def _ratio(value: str) -> float:
     try:
-        ratio = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if ratio < 1:
-        raise argparse.ArgumentTypeError(f"the compression ratio must be >= 1, got {value}")
-    return ratio
+        return NuggetConfig(ratio=float(value)).ratio
+    except ValueError as err:  # float() and NuggetConfig's own check
+        raise argparse.ArgumentTypeError(f"the compression ratio must be >= 1 (a number such as 10), got {value!r}") from err
 
 
 def _positive(value: str) -> int:
