@@ -90,8 +90,8 @@ def stream_generate(
     settings = settings or GenerationSettings()
     if len(samples) != len(prompts):
         raise ValueError(f"got {len(samples)} document lists for {len(prompts)} prompts")
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
+    if any(len(p) == 0 for p in prompts) and not (soft_prompt and model.soft_prompt.shape[0]):
+        raise ValueError("every prompt needs at least one token (an empty one only after the soft prompt)")
     input_ids, token_mask = model._pad(prompts, left=True)
     layout = model.layout(samples)
     embeds, token_mask = model.embed(input_ids, token_mask, soft_prompt)

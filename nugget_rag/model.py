@@ -43,7 +43,7 @@ CHECKPOINT_FORMAT = "nugget-rag/checkpoint-v1"
 
 @dataclass
 class DecoderOutput:
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     loss: torch.Tensor | None = None
 
 
@@ -324,10 +324,13 @@ class NuggetModel(nn.Module):
         labels: torch.Tensor | None = None,
         soft_prompt: bool = False,
         adapter: str | None = DECODER,
+        return_logits: bool = True,
     ) -> DecoderOutput:
         """Decoder pass over `input_ids` after the nuggets of each sample's documents (and the soft prompt).
 
-        `labels` align with `input_ids` (-100 = ignored); the loss predicts each label from the tokens before it.
+        `labels` align with `input_ids` (-100 = ignored); the loss predicts each label from everything before it
+        (with the soft prompt, the first token too). Logits (over `input_ids`) are left out with return_logits=False,
+        and the loss then runs the output layer only where there are labels.
         """
         token_mask = torch.ones_like(input_ids, dtype=torch.bool) if token_mask is None else token_mask.bool()
         layout = self.layout(samples)
@@ -339,13 +342,17 @@ class NuggetModel(nn.Module):
                 inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(full_mask, embeds.shape[1]),
                 use_cache=False,
             ).last_hidden_state
-        hidden = hidden[:, embeds.shape[1] - input_ids.shape[1]:]
-        logits = self.llama.lm_head(hidden)
+        extra = embeds.shape[1] - input_ids.shape[1]
+        logits = self.llama.lm_head(hidden[:, extra:]) if return_logits else None
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
-            )
+            labels = labels.to(hidden.device)
+            # hidden at position i predicts the token at i + 1; with a soft prompt its last vector predicts token 0
+            predictors, targets = (hidden[:, extra - 1 : -1], labels) if extra else (hidden[:, :-1], labels[:, 1:])
+            kept = targets != -100
+            if not kept.any():
+                raise ValueError("labels has no target (every label is -100)")
+            loss = F.cross_entropy(self.llama.lm_head(predictors[kept]).float(), targets[kept])
         return DecoderOutput(logits=logits, loss=loss)
 
     # ------------------------------------------------------------------ save / load
