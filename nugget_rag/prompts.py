@@ -16,6 +16,11 @@ def render_instruction(template: str, question: str) -> str:
     return template.format(question=question) if "{question}" in template else template
 
 
+def full_context_messages(documents: Sequence[str], instruction: str) -> list[dict[str, str]]:
+    """The uncompressed reference prompt (Full): the documents' text, then the instruction, in one user turn."""
+    return [{"role": "user", "content": "\n\n".join([*documents, instruction])}]
+
+
 def chat_token_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[int]:
     """Token ids of `messages` ({role, content} dicts) in the chat template, ready for the assistant's reply."""
     if tokenizer.chat_template:
