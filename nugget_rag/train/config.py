@@ -1,0 +1,132 @@
+"""Pydantic configuration of a training run: data sources, objectives, optimisation, checkpoints, logging."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..config import NuggetConfig
+
+Objective = Literal["autoencoding", "continuation", "qa", "summarization"]
+Format = Literal["auto", "squad", "hotpotqa", "json", "jsonl", "parquet", "text", "hub"]
+
+
+class Source(BaseModel):
+    """One data source feeding one objective."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    objective: Objective = Field(description="autoencoding | continuation | qa | summarization.")
+    path: str = Field(description="A local file or folder, or a hub data set name (format=hub; needs network).")
+    format: Format = Field("auto", description="File format; auto: from the suffix (SQuAD JSON is recognised).")
+    split: Literal["train", "dev", "test"] | None = Field(
+        "train", description="Part of the file to train on, by the splits.json beside it (None: the whole file)."
+    )
+    dev_split: Literal["train", "dev", "test"] | None = Field(
+        "dev", description="Part used for periodic evaluation (None: no evaluation of this source)."
+    )
+    weight: float = Field(1.0, gt=0, description="Share of training batches drawn from this source.")
+    text_field: str = Field("text", description="Field of the text (autoencoding, continuation).")
+    document_field: str = Field("article", description="Field of the document (summarization).")
+    context_field: str = Field("context", description="Field of the document (qa, non-SQuAD files).")
+    summary_field: str = Field("highlights", description="Field of the reference summary (summarization).")
+    question_field: str = Field("question", description="Field of the question (qa, non-SQuAD files).")
+    answer_field: str = Field("answers", description="Field of the answer(s) (qa, non-SQuAD files).")
+    documents_per_example: int = Field(
+        1, ge=1, description="Multi-document examples: qa adds this many - 1 other passages as distractors, in random "
+                             "order; continuation cuts d into this many pieces; each piece is compressed on its own.",
+    )
+    full_context: bool = Field(
+        False, description="Reference without compression: the whole document in the prompt, decoder adapter only "
+                           "(qa and summarization).",
+    )
+    streaming: bool = Field(False, description="Stream records (corpora larger than memory; hub or local files).")
+
+    @model_validator(mode="after")
+    def _check(self) -> Source:
+        if self.split == "test":
+            raise ValueError(f"source {self.path}: split='test' is reserved for evaluation; train on 'train'")
+        if self.full_context and self.objective not in ("qa", "summarization"):
+            raise ValueError(f"source {self.path}: full_context applies to qa and summarization, not {self.objective}")
+        return self
+
+
+class Lengths(BaseModel):
+    """Token budgets of the examples (paper Sec. 2.4: d, q, a of up to 512, 16 and 128 tokens)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    document: int = Field(512, ge=1, description="Tokens of a document (longer ones are cut).")
+    query: int = Field(16, ge=1, description="Tokens of q in text continuation.")
+    answer: int = Field(128, ge=1, description="Tokens of a in text continuation; longest answer/summary otherwise.")
+    autoencoding: int = Field(256, ge=1, description="Longest passage to reconstruct.")
+    min_document: int = Field(8, ge=1, description="Shorter documents are skipped (and counted).")
+
+
+class Optimizer(BaseModel):
+    """AdamW with a warm-up and a cosine (or constant) schedule; defaults of the paper's Appendix B."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-4, gt=0)
+    scorer_lr: float | None = Field(None, gt=0, description="Learning rate of the Scorer (default: lr).")
+    soft_prompt_lr: float | None = Field(None, gt=0, description="Learning rate of the soft prompt (default: lr).")
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(100, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping (None: off).")
+
+
+class TrainConfig(BaseModel):
+    """Everything a run needs; saved beside its checkpoints, and compared on resume."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output_dir: Path = Field(description="Checkpoints, metrics, plots and the final export go here.")
+    base_model: str | None = Field(None, description="Base LLaMA checkpoint directory (default: SmolLM2-135M-Instruct).")
+    init_from: str | None = Field(None, description="Nugget checkpoint to start from (e.g. a pretraining run's export).")
+    nugget: NuggetConfig = Field(default_factory=NuggetConfig, description="Ratio, Scorer and LoRA settings.")
+    data: list[Source] = Field(min_length=1)
+    lengths: Lengths = Field(default_factory=Lengths)
+    optim: Optimizer = Field(default_factory=Optimizer)
+    batch_size: int = Field(4, ge=1, description="Examples per micro-batch (per process).")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimiser step.")
+    max_steps: int = Field(1000, ge=1, description="Optimiser steps (the schedule spans them).")
+    max_time: float | None = Field(None, gt=0, description="Stop (with a checkpoint) after this many seconds.")
+    eval_every: int = Field(100, ge=0, description="Steps between dev evaluations (0: only at the end).")
+    eval_examples: int = Field(32, ge=1, description="Dev examples per source in an evaluation.")
+    eval_generate: int = Field(0, ge=0, description="Dev examples per source also generated and scored "
+                                                    "(autoencoding BLEU, QA accuracy, summarisation ROUGE-L).")
+    save_every: int = Field(100, ge=1, description="Steps between checkpoints.")
+    keep_last: int = Field(3, ge=1, description="Checkpoints kept.")
+    log_every: int = Field(10, ge=1, description="Steps between metric lines.")
+    seed: int = 0
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", description="auto: bf16 on GPU, else no.")
+    gradient_checkpointing: bool = False
+    cpu: bool = Field(False, description="Train on the CPU even when a GPU is present.")
+    threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice).")
+
+    @field_validator("max_time", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        """Accept seconds or '90m', '2h', '1h30m'."""
+        if isinstance(value, str) and not re.fullmatch(r"\d+(\.\d+)?", value.strip()):
+            parts = re.fullmatch(r"\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*", value)
+            if not parts or not any(parts.groups()):
+                raise ValueError(f"max_time must be seconds or like '90m', '2h', '1h30m'; got {value!r}")
+            h, m, s = (int(g or 0) for g in parts.groups())
+            return h * 3600 + m * 60 + s
+        return value
+
+    def resume_key(self) -> dict:
+        """The settings a resumed run must share with the run that wrote the checkpoint."""
+        return self.model_dump(
+            mode="json",
+            exclude={"output_dir", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
+                     "save_every", "keep_last", "log_every", "threads", "cpu"},
+        )

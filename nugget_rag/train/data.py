@@ -1,0 +1,388 @@
+"""Training data: records from files (through `datasets`) -> tokenised examples of one objective -> batches.
+
+An example is a dict with
+- ``documents``: token ids of each document to compress (independently; composed in order by the decoder),
+- ``input_ids``: the decoder's tokens after the nuggets, ``target_start``: the first of them that is a target,
+- ``references``: texts a generated output is scored against at evaluation (may be empty),
+- ``skip``: '' for a real example, else why its record was skipped (counted, then dropped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import random
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from .. import corpora
+from ..config import nugget_count
+from ..prompts import QA_PROMPT, SUMMARY_PROMPT, chat_token_ids, full_context_messages, render_instruction
+from .config import Lengths, Source
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ["documents", "input_ids", "target_start", "references", "skip"]
+_SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text",
+                   ".text": "text", ".md": "text", ".rst": "text"}
+_BUILDERS = {"json": "json", "jsonl": "json", "parquet": "parquet", "text": "text"}
+
+
+# ------------------------------------------------------------------ records
+def resolve_format(source: Source) -> str:
+    if source.format != "auto":
+        return source.format
+    path = Path(source.path)
+    if not path.exists():
+        raise corpora.DataError(f"data path {source.path} not found (for a hub data set, set format='hub')")
+    files = _files(path, None)
+    suffixes = {f.suffix.lower() for f in files}
+    formats = {_SUFFIX_FORMATS.get(s) for s in suffixes}
+    if len(formats) != 1 or None in formats:
+        raise corpora.DataError(f"cannot tell the format of {source.path} (suffixes {sorted(suffixes)}); set format=")
+    fmt = formats.pop()
+    if fmt == "json" and path.is_file():
+        head = path.open(encoding="utf-8").read(4096).lstrip()
+        if head.startswith("{") and '"data"' in head[:200] and '"paragraphs"' in head:
+            return "squad"
+        if head.startswith("[") and '"supporting_facts"' in head:
+            return "hotpotqa"
+    return fmt
+
+
+def _files(path: Path, fmt: str | None) -> list[Path]:
+    if path.is_file():
+        return [path]
+    suffixes = [s for s, f in _SUFFIX_FORMATS.items() if fmt is None or f == fmt or (fmt == "json" and f == "jsonl")]
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
+    if not files:
+        raise corpora.DataError(f"{path} holds no data files ({', '.join(suffixes)})")
+    return files
+
+
+def _has_splits(path: Path) -> bool:
+    table = path.parent / corpora.SPLITS_FILE
+    return path.is_file() and table.is_file() and path.name in json.loads(table.read_text())
+
+
+def load_records(source: Source, split: str | None) -> datasets.Dataset | datasets.IterableDataset:
+    """The raw records of `split` of a source, in one schema per objective (see `corpora`)."""
+    fmt = resolve_format(source)
+    path = Path(source.path)
+    if fmt == "squad":
+        return datasets.Dataset.from_list(corpora.read_squad(path, split))
+    if fmt == "hotpotqa":
+        return datasets.Dataset.from_list(corpora.read_hotpotqa(path, split))
+    if fmt != "hub" and _has_splits(path):  # a file of ../shared/data: its splits.json decides
+        if source.objective == "summarization":
+            records = corpora.read_summarization(path, split, source.document_field, source.summary_field)
+        else:
+            records = corpora.read_documents(path, split, source.text_field)
+        return datasets.Dataset.from_list(records)
+    if fmt == "hub":
+        data = datasets.load_dataset(source.path, split=split or "train", streaming=source.streaming)
+    else:
+        files = [str(f) for f in _files(path, fmt)]
+        data = datasets.load_dataset(_BUILDERS[fmt], data_files=files, split="train", streaming=source.streaming)
+        if split is not None:
+            keep = corpora.split_filter(path, split)
+            data = data.filter(lambda _, i: keep(i, 0), with_indices=True)
+    return data
+
+
+# ------------------------------------------------------------------ examples
+class ExampleBuilder:
+    """Turns records of one source into tokenised examples (a batched `datasets.map` function)."""
+
+    def __init__(self, source: Source, tokenizer: PreTrainedTokenizerBase, lengths: Lengths, max_positions: int,
+                 ratio: float, seed: int):
+        self.source, self.tok, self.lengths, self.seed = source, tokenizer, lengths, seed
+        self.max_positions, self.ratio = max_positions, ratio
+        self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        L, r = self.lengths, self.ratio
+        need = {
+            "continuation": nugget_count(L.document, r) + L.query + L.answer,
+            "autoencoding": nugget_count(L.autoencoding, r) + 1 + L.autoencoding,
+        }.get(self.source.objective, nugget_count(L.document, r) + L.answer + 64)
+        if self.source.full_context:
+            need = L.document + L.answer + 64
+        if need > self.max_positions:
+            raise ValueError(
+                f"lengths {L.model_dump()} at ratio {r} need {need} decoder positions for {self.source.objective}, "
+                f"more than the model's {self.max_positions}; lower lengths.document/answer/query/autoencoding"
+            )
+
+    def fingerprint(self) -> str:
+        meta = [self.source.model_dump(mode="json", exclude={"weight", "streaming"}), self.lengths.model_dump(),
+                self.ratio, self.max_positions, self.seed, self.tok.name_or_path, len(self.tok),
+                self.tok.chat_template, "v1"]
+        return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        out = {c: [] for c in COLUMNS}
+        rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+        build = getattr(self, f"_{self.source.objective}")
+        rng = random.Random(f"{self.seed}-{indices[0] if indices else 0}")
+        for row in rows:
+            try:
+                examples = build(row, rows, rng)
+            except KeyError as err:
+                examples = [_skip(f"missing field {err}")]
+            for ex in examples:
+                for c in COLUMNS:
+                    out[c].append(ex[c])
+        return out
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def _text(self, row: dict) -> str:
+        return row[self.source.text_field]
+
+    def _autoencoding(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
+        ids, size = self._ids(self._text(row)), self.lengths.autoencoding
+        chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
+        chunks = [c for c in chunks if len(c) >= self.lengths.min_document]
+        if not chunks:
+            return [_skip("too short")]
+        return [_example([c], c, 0, [self.tok.decode(c)]) for c in chunks]
+
+    def _continuation(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
+        L = self.lengths
+        ids, window = self._ids(self._text(row)), L.document + L.query + L.answer
+        examples = []
+        for start in range(0, len(ids), window):
+            piece = ids[start : start + window]
+            answer = min(L.answer, (len(piece) - L.query) // 4)
+            document = len(piece) - L.query - answer
+            if answer < 1 or document < L.min_document:
+                continue
+            d, q, a = piece[:document], piece[document : document + L.query], piece[document + L.query :]
+            examples.append(_example(_cut(d, self.source.documents_per_example), q + a, len(q), [self.tok.decode(a)]))
+        return examples or [_skip("too short")]
+
+    def _qa(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
+        src = self.source
+        if "documents" in row:  # HotpotQA: the record brings its own passages
+            docs = list(row["documents"])
+        else:
+            docs = [row["context"] if "context" in row else row[src.context_field]]
+            others = list({r.get("context", r.get(src.context_field)) for r in rows} - {docs[0], None})
+            others.sort()
+            rng.shuffle(others)
+            docs += others[: src.documents_per_example - 1]
+            rng.shuffle(docs)
+        question = row.get("question", row.get(src.question_field))
+        answers = row["answers"] if "answers" in row else row[src.answer_field]
+        answers = [answers] if isinstance(answers, str) else list(answers)
+        if question is None:
+            raise KeyError(src.question_field)
+        if not answers or not str(answers[0]).strip():
+            return [_skip("no answer")]
+        return [self._task(docs, render_instruction(QA_PROMPT, question), str(answers[0]), answers)]
+
+    def _summarization(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
+        document = row["document"] if "document" in row else row[self.source.document_field]
+        summary = row["summary"] if "summary" in row else row[self.source.summary_field]
+        return [self._task([document], SUMMARY_PROMPT, summary, [summary])]
+
+    def _task(self, documents: list[str], instruction: str, answer: str, references: list[str]) -> dict:
+        """A (documents, prompt, answer) triple in NuggetLLM's prompt format; the loss covers the answer only."""
+        L = self.lengths
+        doc_ids = [self._ids(d)[: L.document] for d in documents]
+        doc_ids = [d for d in doc_ids if d]
+        if not doc_ids or sum(map(len, doc_ids)) < L.min_document:
+            return _skip("empty document")
+        answer_ids = self._ids(answer.strip())[: L.answer] + self.eos
+        if self.source.full_context:
+            texts = [self.tok.decode(d) for d in doc_ids]
+            prompt = chat_token_ids(self.tok, full_context_messages(texts, instruction))
+            doc_ids = []
+        else:
+            prompt = chat_token_ids(self.tok, [{"role": "user", "content": instruction}])
+        nuggets = sum(nugget_count(len(d), self.ratio) for d in doc_ids)
+        if nuggets + len(prompt) + len(answer_ids) > self.max_positions:
+            return _skip("too long for the model's positions")
+        return _example(doc_ids, prompt + answer_ids, len(prompt), references)
+
+
+def _example(documents: list[list[int]], input_ids: list[int], target_start: int, references: list[str]) -> dict:
+    return {"documents": documents, "input_ids": input_ids, "target_start": target_start, "references": references,
+            "skip": ""}
+
+
+def _skip(reason: str) -> dict:
+    return {"documents": [], "input_ids": [], "target_start": 0, "references": [], "skip": reason}
+
+
+def _cut(ids: list[int], pieces: int) -> list[list[int]]:
+    size = math.ceil(len(ids) / pieces)
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def build_examples(source: Source, split: str | None, builder: ExampleBuilder, cache_dir: Path | None):
+    """Tokenised examples of a source's split, and the skip counts (None for a stream: counted as it goes)."""
+    records = load_records(source, split)
+    first = next(iter(records.take(1) if isinstance(records, datasets.IterableDataset) else records.select(range(min(1, len(records))))), None)
+    if first is None:
+        hint = " (set dev_split=None to train without evaluating it)" if split == source.dev_split else ""
+        raise corpora.DataError(f"source {source.path} has no records in split {split!r}{hint}")
+    _check_fields(source, first)
+    kwargs = dict(batched=True, batch_size=256, with_indices=True, remove_columns=list(first))
+    if isinstance(records, datasets.IterableDataset):
+        return records.map(builder, **kwargs), None
+    cache = None
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache = str(cache_dir / f"{builder.fingerprint()}-{split}-{records._fingerprint}.arrow")
+    examples = records.map(builder, cache_file_name=cache, desc=f"tokenising {Path(source.path).name}", **kwargs)
+    skipped = Counter(s for s in examples["skip"] if s)
+    if skipped:
+        examples = examples.filter(lambda s: not s, input_columns="skip")
+    if len(examples) == 0:
+        raise corpora.DataError(f"source {source.path} (split {split}) gives no usable example: skipped {dict(skipped)}")
+    return examples, skipped
+
+
+def _check_fields(source: Source, record: dict) -> None:
+    needs = {
+        "autoencoding": [source.text_field], "continuation": [source.text_field],
+        "summarization": [("document", source.document_field), ("summary", source.summary_field)],
+        "qa": [("context", "documents", source.context_field), ("question", source.question_field),
+               ("answers", source.answer_field)],
+    }[source.objective]
+    for need in needs:
+        options = (need,) if isinstance(need, str) else need
+        if not any(o in record for o in options):
+            raise corpora.DataError(
+                f"source {source.path}: records lack the field {options[-1]!r} that {source.objective} needs "
+                f"(they have {sorted(record)}); set the matching *_field option"
+            )
+
+
+# ------------------------------------------------------------------ sampling
+class ExampleStream:
+    """An endless, deterministic, resumable stream of one source's examples (reshuffled every epoch)."""
+
+    def __init__(self, examples, seed: int):
+        self.examples, self.seed = examples, seed
+        self.epoch, self.position = 0, 0
+        self.skipped: Counter = Counter()
+        self._iterator: Iterator | None = None
+        self._order: np.ndarray | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return isinstance(self.examples, datasets.IterableDataset)
+
+    def take(self, count: int) -> list[dict]:
+        return [self._next() for _ in range(count)]
+
+    def _next(self) -> dict:
+        if self.streaming:
+            return self._next_streamed()
+        if self._order is None:
+            self._order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.examples))
+        if self.position == len(self._order):
+            self.epoch, self.position, self._order = self.epoch + 1, 0, None
+            return self._next()
+        example = self.examples[int(self._order[self.position])]
+        self.position += 1
+        return example
+
+    def _next_streamed(self) -> dict:
+        for _ in range(1_000_000):
+            if self._iterator is None:
+                shuffled = self.examples.shuffle(seed=self.seed, buffer_size=1000)
+                shuffled.set_epoch(self.epoch)
+                self._iterator = iter(shuffled.skip(self.position))
+            example = next(self._iterator, None)
+            if example is None:
+                if self.position == 0:
+                    raise corpora.DataError("a streamed source gave no example")
+                self.epoch, self.position, self._iterator = self.epoch + 1, 0, None
+                continue
+            self.position += 1
+            if example["skip"]:
+                self.skipped[example["skip"]] += 1
+                continue
+            return example
+        raise corpora.DataError("a streamed source skipped every record")
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "skipped": dict(self.skipped)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self.skipped = Counter(state.get("skipped", {}))
+        self._iterator = self._order = None
+
+
+@dataclass
+class Batch:
+    """One micro-batch of a single source, padded for the model."""
+
+    source: int
+    documents: list[list[list[int]]]
+    input_ids: torch.Tensor
+    token_mask: torch.Tensor
+    labels: torch.Tensor
+    references: list[list[str]]
+    target_starts: list[int]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the step reads: the documents' and the decoder's."""
+        return sum(len(d) for docs in self.documents for d in docs) + int(self.token_mask.sum())
+
+
+def collate(examples: list[dict], source: int, pad_id: int) -> Batch:
+    width = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.bool)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    for i, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[i, :n] = torch.tensor(e["input_ids"])
+        mask[i, :n] = True
+        labels[i, e["target_start"] : n] = ids[i, e["target_start"] : n]
+    return Batch(source, [e["documents"] for e in examples], ids, mask, labels,
+                 [e["references"] for e in examples], [e["target_start"] for e in examples])
+
+
+class Mixture:
+    """Batches drawn from the sources by weight; which source a micro-batch comes from depends only on (seed, draw)."""
+
+    def __init__(self, streams: list[ExampleStream], weights: list[float], seed: int, batch_size: int, pad_id: int):
+        self.streams, self.seed, self.batch_size, self.pad_id = streams, seed, batch_size, pad_id
+        total = sum(weights)
+        self.cumulative = np.cumsum([w / total for w in weights])
+        self.draws = 0
+
+    def next_batch(self) -> Batch:
+        u = np.random.default_rng([self.seed, 7, self.draws]).random()
+        source = min(int(np.searchsorted(self.cumulative, u, side="right")), len(self.streams) - 1)
+        self.draws += 1
+        return collate(self.streams[source].take(self.batch_size), source, self.pad_id)
+
+    def state_dict(self) -> dict:
+        return {"draws": self.draws, "streams": [s.state_dict() for s in self.streams]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["streams"]) != len(self.streams):
+            raise ValueError(f"the checkpoint has {len(state['streams'])} data sources, this run {len(self.streams)}")
+        self.draws = state["draws"]
+        for stream, s in zip(self.streams, state["streams"]):
+            stream.load_state_dict(s)

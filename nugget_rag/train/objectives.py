@@ -1,0 +1,64 @@
+"""The training objectives of paper Sec. 2.4 as one loss module: which parts train, and how a batch is read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import DECODER
+from ..model import NuggetModel
+from .config import Source
+from .data import Batch
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Which nugget parts an objective trains (the base model never does)."""
+
+    encoder: bool
+    decoder: bool
+    scorer: bool
+    soft_prompt: bool
+
+
+PARTS = {
+    # the decoder reconstructs the document after the soft prompt; everything trains
+    "autoencoding": Parts(encoder=True, decoder=True, scorer=True, soft_prompt=True),
+    # the decoder predicts a from nuggets(d) and q; the decoder side stays frozen so the LM keeps its skills
+    "continuation": Parts(encoder=True, decoder=False, scorer=True, soft_prompt=False),
+    # (document, prompt, answer) triples in NuggetLLM's prompt format; everything the task reads trains
+    "qa": Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False),
+    "summarization": Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False),
+    # the uncompressed reference: the document as text in the prompt, decoder adapter only
+    "full_context": Parts(encoder=False, decoder=True, scorer=False, soft_prompt=False),
+}
+
+
+def parts_of(source: Source) -> Parts:
+    return PARTS["full_context" if source.full_context else source.objective]
+
+
+class ObjectiveLoss(nn.Module):
+    """forward(batch) -> loss of the batch's objective (a module, so Accelerate/DDP can wrap it)."""
+
+    def __init__(self, model: NuggetModel, sources: list[Source]):
+        super().__init__()
+        self.model = model
+        self.sources = sources
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        source = self.sources[batch.source]
+        self.model.set_trainable(**vars(parts_of(source)))
+        device = self.model.device
+        if source.full_context:
+            samples = [[] for _ in batch.documents]
+        else:
+            flat = [doc for docs in batch.documents for doc in docs]
+            states = iter(self.model.compress(flat))
+            samples = [[next(states) for _ in docs] for docs in batch.documents]
+        return self.model.decode(
+            samples, batch.input_ids.to(device), batch.token_mask.to(device), labels=batch.labels.to(device),
+            soft_prompt=source.objective == "autoencoding", adapter=DECODER, return_logits=False,
+        ).loss

@@ -1,0 +1,343 @@
+"""The training loop: Accelerate for devices and distribution, checkpoints that resume exactly, metrics and plots."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import time
+from contextlib import nullcontext
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator, DistributedDataParallelKwargs, DistributedType
+from accelerate.utils import set_seed
+from datasets import Dataset
+from tqdm.auto import tqdm
+
+from ..config import DECODER
+from ..generation import GenerationSettings, generate
+from ..metrics import answer_correct, bleu, rouge
+from ..model import NuggetModel
+from . import checkpoint
+from .config import Source, TrainConfig
+from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
+from .objectives import ObjectiveLoss
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "train_config.json"
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "loss.png"
+FINAL_DIR = "final"
+
+
+@dataclass
+class TrainResult:
+    step: int
+    output_dir: Path
+    final_dir: Path
+    losses: list[dict] = field(default_factory=list)  # the train metric lines of this process
+
+
+def source_names(sources: list[Source]) -> list[str]:
+    names = []
+    for source in sources:
+        name = f"{'full_context' if source.full_context else source.objective}:{Path(source.path).stem}"
+        names.append(name if name not in names else f"{name}#{len(names)}")
+    return names
+
+
+class Trainer:
+    """Trains a NuggetModel on a mixture of objectives; see TrainConfig for every setting."""
+
+    def __init__(self, config: TrainConfig, model: NuggetModel | None = None):
+        self.config = config
+        self.out = Path(config.output_dir)
+        handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)]
+        trackers = "tensorboard" if importlib.util.find_spec("tensorboard") else None
+        self.accelerator = Accelerator(cpu=config.cpu, mixed_precision=self._precision(), log_with=trackers,
+                                       project_dir=str(self.out), kwargs_handlers=handlers)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        set_seed(config.seed)
+        self._check_resume()
+        if model is None:
+            model = NuggetModel.from_pretrained(None, base_model=config.base_model, device=self.accelerator.device,
+                                                dtype=torch.float32, config=config.nugget)
+        elif model.config != config.nugget:
+            raise ValueError(f"the model's nugget settings {model.config.model_dump()} differ from the config's "
+                             f"{config.nugget.model_dump()}; pass the same settings")
+        else:
+            model.to(self.accelerator.device)
+        if config.init_from:
+            model.load_parts(config.init_from)
+        if config.gradient_checkpointing:
+            model.enable_gradient_checkpointing()
+        self.model = model
+        self.names = source_names(config.data)
+        self.mixture, self.dev = self._data()
+        self.optimizer = self._optimizer()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.loss = ObjectiveLoss(model, config.data)
+        self.loss, self.optimizer = self.accelerator.prepare(self.loss, self.optimizer)
+        self.step = 0
+        if trackers:
+            self.accelerator.init_trackers("nugget-rag")
+
+    # ------------------------------------------------------------------ setup
+    def _precision(self) -> str:
+        if self.config.mixed_precision != "auto":
+            return self.config.mixed_precision
+        gpu = torch.cuda.is_available() and not self.config.cpu
+        return "bf16" if gpu and torch.cuda.is_bf16_supported() else "no"
+
+    def _check_resume(self) -> None:
+        saved = self.out / CONFIG_FILE
+        if checkpoint.latest(self.out) is not None and saved.is_file():
+            before = json.loads(saved.read_text())
+            now = self.config.resume_key()
+            differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            if differ:
+                raise ValueError(
+                    f"{self.out} holds checkpoints of a run with other settings ({', '.join(differ)} differ); "
+                    "resume with the same settings, or choose another output_dir"
+                )
+
+    def _data(self) -> tuple[Mixture, list]:
+        cfg, tok = self.config, self.model.tokenizer
+        cache = self.out / "cache"
+        streams, dev = [], []
+        for i, (source, name) in enumerate(zip(cfg.data, self.names)):
+            builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, self.model.config.ratio, cfg.seed)
+            examples, skipped = build_examples(source, source.split, builder, cache)
+            count = "streamed" if skipped is None else len(examples)
+            log.info("%s: %s training examples; skipped %s", name, count, dict(skipped or {}) or "none")
+            self._metric({"kind": "data", "source": name, "examples": count, "skipped": dict(skipped or {})})
+            streams.append(ExampleStream(examples, seed=cfg.seed * 1000 + i))
+            held = []
+            if source.dev_split is not None:
+                examples, _ = build_examples(source, source.dev_split, builder, cache)
+                if isinstance(examples, Dataset):
+                    held = [examples[j] for j in range(min(cfg.eval_examples, len(examples)))]
+                else:
+                    held = [e for e in examples.take(4 * cfg.eval_examples) if not e["skip"]][: cfg.eval_examples]
+            dev.append(held)
+        return Mixture(streams, [s.weight for s in cfg.data], cfg.seed, cfg.batch_size, tok.pad_token_id), dev
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        opt, model = self.config.optim, self.model
+        groups = [
+            {"params": [p for name in ("encoder", DECODER) for p in model.adapter_parameters(name)], "lr": opt.lr},
+            {"params": list(model.scorer.parameters()), "lr": opt.scorer_lr or opt.lr},
+            {"params": [model.soft_prompt], "lr": opt.soft_prompt_lr or opt.lr},
+        ]
+        return torch.optim.AdamW(groups, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
+
+    def _lr_factor(self, step: int) -> float:
+        warmup, total = self.config.optim.warmup_steps, self.config.max_steps
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if self.config.optim.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> TrainResult:
+        cfg, acc = self.config, self.accelerator
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._resume()
+        if acc.is_main_process:
+            (self.out / CONFIG_FILE).write_text(json.dumps(cfg.resume_key(), indent=1))
+        start, losses, window = time.monotonic(), [], _Window()
+        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="training", disable=not acc.is_local_main_process)
+        if self.step == 0 and cfg.eval_every:
+            self.evaluate()  # the starting point, for the before/after comparison
+        self.model.train()
+        stopped_by_time = False
+        while self.step < cfg.max_steps:
+            tick = time.monotonic()
+            for micro in range(cfg.grad_accum):
+                batch = self.mixture.next_batch()
+                sync = micro == cfg.grad_accum - 1
+                with acc.no_sync(self.loss) if not sync and acc.num_processes > 1 else nullcontext():
+                    loss = self.loss(batch)
+                    acc.backward(loss / cfg.grad_accum)
+                window.add(self.names[batch.source], loss.detach().item(), batch.tokens)
+            if cfg.optim.max_grad_norm:
+                acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            window.seconds += time.monotonic() - tick
+            bar.update(1)
+            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                line = {"kind": "train", "step": self.step, "lr": self.scheduler.get_last_lr()[0], **window.flush(),
+                        "elapsed_s": round(time.monotonic() - start, 1)}
+                losses.append(line)
+                self._metric(line)
+                bar.set_postfix({k[5:]: f"{v:.3f}" for k, v in line.items() if k.startswith("loss/")})
+            timed_out = cfg.max_time is not None and time.monotonic() - start > cfg.max_time
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and not timed_out:
+                self.evaluate()
+            if self.step % cfg.save_every == 0 or timed_out or self.step == cfg.max_steps:
+                self._save()
+            if timed_out:
+                stopped_by_time = True
+                log.info("max_time reached at step %d", self.step)
+                break
+        bar.close()
+        if not stopped_by_time and (not cfg.eval_every or self.step % cfg.eval_every):
+            self.evaluate()
+        final = self.out / FINAL_DIR
+        if acc.is_main_process:
+            self.model.save_pretrained(final)
+            self.plot()
+        acc.end_training()
+        return TrainResult(self.step, self.out, final, losses)
+
+    def _resume(self) -> None:
+        found = checkpoint.latest(self.out)
+        if found is None:
+            return
+        self.model.load_parts(found)
+        meta = checkpoint.load(found, self.optimizer, self.scheduler)
+        self.mixture.load_state_dict(meta["data"])
+        self.step = meta["step"]
+        self._truncate_metrics(self.step)
+        log.info("resumed from %s at step %d", found, self.step)
+
+    def _save(self) -> None:
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            raise NotImplementedError("checkpoints of DeepSpeed runs are not supported yet")
+        if self.accelerator.is_main_process:
+            checkpoint.save(self.out, self.step, self.model, self.optimizer, self.scheduler,
+                            {"data": self.mixture.state_dict()}, self.config.keep_last)
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Dev loss of every source (and generation scores for `eval_generate` examples)."""
+        cfg, model = self.config, self.model
+        was_training = model.training
+        model.eval()
+        line: dict = {"kind": "eval", "step": self.step}
+        for index, (name, held) in enumerate(zip(self.names, self.dev)):
+            if not held:
+                continue
+            total, count = 0.0, 0
+            for start in range(0, len(held), cfg.batch_size):
+                chunk = held[start : start + cfg.batch_size]
+                total += float(self.loss(collate(chunk, index, model.tokenizer.pad_token_id))) * len(chunk)
+                count += len(chunk)
+            line[f"{name}/loss"] = round(total / count, 4)
+            if cfg.eval_generate:
+                line.update(self._generation_scores(name, cfg.data[index], held[: cfg.eval_generate], index))
+        model.train(was_training)
+        self._metric(line)
+        log.info("eval at step %d: %s", self.step, {k: v for k, v in line.items() if "/" in k})
+        return line
+
+    def _generation_scores(self, name: str, source: Source, examples: list[dict], index: int) -> dict:
+        model, pad = self.model, self.model.tokenizer.pad_token_id
+        if source.objective == "continuation":
+            return {}
+        scores: dict[str, float] = {}
+        outputs, references = [], []
+        for start in range(0, len(examples), self.config.batch_size):
+            batch: Batch = collate(examples[start : start + self.config.batch_size], index, pad)
+            samples = [[] for _ in batch.documents] if source.full_context else [
+                model.compress(docs) for docs in batch.documents]
+            if source.objective == "autoencoding":
+                prompts = [[] for _ in samples]
+                settings = GenerationSettings(max_new_tokens=max(int(batch.token_mask.sum(1).max()) + 8, 8))
+            else:
+                prompts = [ids[:t].tolist() for ids, t in zip(batch.input_ids, batch.target_starts)]
+                settings = GenerationSettings(max_new_tokens=64 if source.objective == "qa" else 128)
+            outputs += generate(model, samples, prompts, settings, soft_prompt=source.objective == "autoencoding")
+            references += batch.references
+        if source.objective == "autoencoding":
+            scores[f"{name}/bleu"] = round(bleu(outputs, [r[0] for r in references]), 2)
+        elif source.objective == "qa":
+            correct = [answer_correct(o, r) for o, r in zip(outputs, references)]
+            scores[f"{name}/accuracy"] = round(100 * sum(correct) / len(correct), 2)
+        else:
+            scores[f"{name}/rougeL"] = round(rouge(outputs, [r[0] for r in references])["rougeL"], 2)
+        return scores
+
+    # ------------------------------------------------------------------ output
+    def _metric(self, line: dict) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        with (self.out / METRICS_FILE).open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        if self.accelerator.trackers and "step" in line:
+            self.accelerator.log({k: v for k, v in line.items() if isinstance(v, (int, float))}, step=line["step"])
+
+    def _truncate_metrics(self, step: int) -> None:
+        path = self.out / METRICS_FILE
+        if self.accelerator.is_main_process and path.is_file():
+            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            kept = [x for x in lines if x.get("step", 0) <= step and x.get("kind") != "data"]
+            path.write_text("".join(json.dumps(x) + "\n" for x in kept))
+
+    def plot(self) -> Path | None:
+        """Train loss per source and dev loss against steps, as loss.png."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        lines = [json.loads(x) for x in (self.out / METRICS_FILE).read_text().splitlines() if x.strip()]
+        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for line in lines:
+            for key, value in line.items():
+                if key.startswith("loss/") and line["kind"] == "train":
+                    series[f"train {key[5:]}"].append((line["step"], value))
+                elif key.endswith("/loss") and line["kind"] == "eval":
+                    series[f"dev {key[:-5]}"].append((line["step"], value))
+        if not series:
+            return None
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+        for label, points in sorted(series.items()):
+            steps, values = zip(*points)
+            ax.plot(steps, values, "o-" if label.startswith("dev") else "-", label=label, markersize=3, linewidth=1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats/token)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = self.out / PLOT_FILE
+        fig.savefig(path)
+        plt.close(fig)
+        return path
+
+
+class _Window:
+    """Losses and tokens since the last metric line."""
+
+    def __init__(self):
+        self.losses: dict[str, list[float]] = defaultdict(list)
+        self.tokens, self.seconds = 0, 0.0
+
+    def add(self, name: str, loss: float, tokens: int) -> None:
+        self.losses[name].append(loss)
+        self.tokens += tokens
+
+    def flush(self) -> dict:
+        line = {f"loss/{k}": round(sum(v) / len(v), 4) for k, v in self.losses.items()}
+        line["tokens_per_s"] = round(self.tokens / self.seconds, 1) if self.seconds else 0.0
+        self.__init__()
+        return line
+
+
+def train(config: TrainConfig, model: NuggetModel | None = None) -> TrainResult:
+    """Run (or resume) training as configured; returns where the final export went."""
+    return Trainer(config, model).train()

@@ -1,0 +1,192 @@
+"""Training on the tiny model: every objective runs, overfitting works, resume is exact, frozen parts stay frozen."""
+
+import json
+import random
+
+import pytest
+import torch
+from tiny import tiny_base
+
+from nugget_rag.config import DECODER, ENCODER, NuggetConfig
+from nugget_rag.corpora import DataError
+from nugget_rag.model import NuggetModel
+from nugget_rag.train import objectives
+from nugget_rag.train.__main__ import main
+from nugget_rag.train.checkpoint import checkpoints
+from nugget_rag.train.config import TrainConfig
+from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
+
+WORDS = "the cat sat on a mat while dogs ran far away into green hills under blue skies".split()
+LENGTHS = {"document": 48, "query": 6, "answer": 12, "autoencoding": 24}
+NUGGET = {"ratio": 4, "scorer_layer": 2, "lora": {"rank": 4}}
+
+
+@pytest.fixture
+def data(tmp_path):
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 30))) for _ in range(40)]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    squad = {"data": [{"title": str(i), "paragraphs": [{"context": t, "qas": [
+        {"id": str(i), "question": "Which word comes first?", "answers": [{"text": t.split()[0]}]}]}]}
+        for i, t in enumerate(texts)]}
+    (folder / "squad.json").write_text(json.dumps(squad))
+    (folder / "summ.jsonl").write_text(
+        "".join(json.dumps({"article": t, "highlights": " ".join(t.split()[:3])}) + "\n" for t in texts))
+    return folder
+
+
+def tiny_model(seed: int = 0) -> NuggetModel:
+    return NuggetModel(tiny_base(), NuggetConfig(**NUGGET, seed=seed))
+
+
+def config(tmp_path, sources, **settings) -> TrainConfig:
+    values = dict(output_dir=tmp_path / "run", data=sources, lengths=LENGTHS, nugget=NUGGET, batch_size=2,
+                  max_steps=4, eval_every=0, save_every=2, log_every=1, eval_examples=2,
+                  optim={"warmup_steps": 1, "lr": 1e-3})
+    values.update(settings)
+    return TrainConfig.model_validate(values)
+
+
+def snapshot(model: NuggetModel) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+SOURCES = {
+    "autoencoding": {"objective": "autoencoding", "path": "docs.jsonl"},
+    "continuation": {"objective": "continuation", "path": "docs.jsonl", "documents_per_example": 2},
+    "qa": {"objective": "qa", "path": "squad.json", "documents_per_example": 3},
+    "summarization": {"objective": "summarization", "path": "summ.jsonl"},
+    "full_context": {"objective": "qa", "path": "squad.json", "full_context": True},
+}
+
+
+def source(name: str, data) -> dict:
+    spec = dict(SOURCES[name])
+    spec["path"] = str(data / spec["path"])
+    return spec
+
+
+@pytest.mark.parametrize("name", SOURCES)
+def test_each_objective_trains_exactly_its_parts(name, data, tmp_path):
+    model = tiny_model()
+    before = snapshot(model)
+    result = train(config(tmp_path, [source(name, data)], eval_every=2, eval_generate=2), model)
+    assert result.step == 4
+    losses = [v for line in result.losses for k, v in line.items() if k.startswith("loss/")]
+    assert len(losses) == 4 and all(0 < v < 20 for v in losses)
+    parts = objectives.PARTS[name]
+    groups = {
+        "encoder": [n for n in before if f".{ENCODER}." in n and "lora_" in n],
+        "decoder": [n for n in before if f".{DECODER}." in n and "lora_" in n],
+        "scorer": [n for n in before if n.startswith("scorer.")],
+        "soft_prompt": ["soft_prompt"],
+    }
+    after = snapshot(model)
+    for part, names in groups.items():
+        changed = [n for n in names if not torch.equal(before[n], after[n])]
+        if getattr(parts, part):
+            assert changed, f"{name}: {part} should train"
+        else:
+            assert not changed, f"{name}: {part} should stay frozen, changed {changed[:2]}"
+    frozen = [n for n in before if "lora_" not in n and not n.startswith("scorer.") and n != "soft_prompt"]
+    assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
+    # the export loads into a fresh model with the same weights
+    loaded = NuggetModel.from_pretrained(result.final_dir, base_model=tiny_base())
+    assert all(torch.equal(after[n], p) for n, p in loaded.named_parameters())
+    lines = [json.loads(x) for x in (tmp_path / "run" / METRICS_FILE).read_text().splitlines()]
+    assert [x["step"] for x in lines if x["kind"] == "eval"] == [0, 2, 4]
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 1000
+
+
+def test_overfits_one_repeated_example(tmp_path):
+    folder = tmp_path / "one"
+    folder.mkdir()
+    (folder / "one.jsonl").write_text(json.dumps({"text": "a quick brown fox jumps over the lazy dog"}) + "\n")
+    nugget = {**NUGGET, "lora": {"rank": 16}}
+    cfg = config(tmp_path, [{"objective": "autoencoding", "path": str(folder / "one.jsonl"), "split": None,
+                             "dev_split": None}], nugget=nugget, max_steps=30, batch_size=1, save_every=30,
+                 optim={"warmup_steps": 0, "lr": 1e-2, "schedule": "constant"})
+    # a larger embedding scale than the default 0.02, so that confident predictions are within the model's reach
+    model = NuggetModel(tiny_base(init_std=0.2), NuggetConfig(**nugget))
+    losses = [line["loss/autoencoding:one"] for line in train(cfg, model).losses]
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_resume_after_a_kill_reproduces_the_uninterrupted_run(data, tmp_path, monkeypatch):
+    sources = [source("autoencoding", data), source("qa", data)]
+    straight = train(config(tmp_path / "a", sources, max_steps=6), tiny_model())
+    calls = {"n": 0}
+    real_forward = objectives.ObjectiveLoss.forward
+
+    def dies_at_step_4(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 4:  # during step 4, after checkpoint-2
+            raise KeyboardInterrupt
+        return real_forward(self, batch)
+
+    monkeypatch.setattr(objectives.ObjectiveLoss, "forward", dies_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path / "b", sources, max_steps=6), tiny_model())
+    monkeypatch.setattr(objectives.ObjectiveLoss, "forward", real_forward)
+    assert [c.name for c in checkpoints(tmp_path / "b" / "run")] == ["checkpoint-2"]
+    fresh = tiny_model()
+    with torch.no_grad():  # weights must come from the checkpoint
+        for p in fresh.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p))
+    resumed = train(config(tmp_path / "b", sources, max_steps=6), fresh)
+    lines = [json.loads(x) for x in (tmp_path / "b" / "run" / METRICS_FILE).read_text().splitlines()]
+    steps = [x["step"] for x in lines if x["kind"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]  # the dead run's step-3 line was dropped on resume
+    assert [x["step"] for x in resumed.losses] == [3, 4, 5, 6]
+    for a, b in zip(straight.losses[2:], resumed.losses):
+        assert {k: v for k, v in a.items() if k.startswith("loss/")} == {k: v for k, v in b.items() if k.startswith("loss/")}
+
+
+def test_resume_refuses_other_settings(data, tmp_path):
+    train(config(tmp_path, [source("autoencoding", data)], max_steps=2), tiny_model())
+    with pytest.raises(ValueError, match="lengths"):
+        Trainer(config(tmp_path, [source("autoencoding", data)], max_steps=4, lengths={**LENGTHS, "autoencoding": 20}),
+                tiny_model())
+
+
+def test_bad_data_is_named_before_training(data, tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        Trainer(config(tmp_path, [{"objective": "qa", "path": str(data / "missing.json")}]), tiny_model())
+    with pytest.raises(DataError, match="'question'"):
+        Trainer(config(tmp_path, [{"objective": "qa", "path": str(data / "docs.jsonl"), "context_field": "text"}]),
+                tiny_model())
+    with pytest.raises(ValueError, match="positions"):
+        Trainer(config(tmp_path, [source("continuation", data)], lengths={**LENGTHS, "query": 600}), tiny_model())
+    with pytest.raises(ValueError, match="test"):
+        config(tmp_path, [{**source("qa", data), "split": "test"}])
+
+
+def test_empty_documents_are_skipped_and_counted(data, tmp_path):
+    lines = (data / "docs.jsonl").read_text() + json.dumps({"text": "   "}) + "\n" + json.dumps({"text": ""}) + "\n"
+    (data / "docs.jsonl").write_text(lines)
+    train(config(tmp_path, [{**source("autoencoding", data), "dev_split": None}], max_steps=1), tiny_model())
+    first = json.loads((tmp_path / "run" / METRICS_FILE).read_text().splitlines()[0])
+    assert first["kind"] == "data" and first["skipped"] == {"too short": 2}
+
+
+def test_streaming_source_trains(data, tmp_path):
+    cfg = config(tmp_path, [{**source("autoencoding", data), "streaming": True}], max_steps=2)
+    assert train(cfg, tiny_model()).step == 2
+
+
+def test_cli_trains_a_saved_llama_directory(data, tmp_path, capsys):
+    base = tiny_base()
+    base.model.save_pretrained(tmp_path / "llama")
+    base.tokenizer.save_pretrained(tmp_path / "llama")
+    argv = ["--output-dir", str(tmp_path / "run"), "--base-model", str(tmp_path / "llama"),
+            "--data", f"autoencoding:{data / 'docs.jsonl'},dev_split=null", "--max-steps", "2", "--save-every", "1",
+            "--nugget.scorer-layer", "2", "--nugget.lora.rank", "4", "--lengths.autoencoding", "24",
+            "--batch-size", "2", "--eval-every", "0"]
+    assert main(argv) == 0
+    assert "trained 2 steps" in capsys.readouterr().out
+    assert (tmp_path / "run" / "final" / "nugget.safetensors").is_file()
+    assert main(argv[:-2] + ["--eval-every", "-1"]) == 2
+    assert "eval_every" in capsys.readouterr().err
