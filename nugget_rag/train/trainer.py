@@ -61,6 +61,9 @@ class Trainer:
         trackers = "tensorboard" if importlib.util.find_spec("tensorboard") else None
         self.accelerator = Accelerator(cpu=config.cpu, mixed_precision=self._precision(), log_with=trackers,
                                        project_dir=str(self.out), kwargs_handlers=handlers)
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            raise NotImplementedError("DeepSpeed runs are not supported yet (their optimiser state is partitioned); "
+                                      "use DDP: accelerate launch --multi_gpu -m nugget_rag.train ...")
         if config.threads:
             torch.set_num_threads(config.threads)
         set_seed(config.seed)
@@ -214,8 +217,6 @@ class Trainer:
 
     def _save(self) -> None:
         self.accelerator.wait_for_everyone()
-        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
-            raise NotImplementedError("checkpoints of DeepSpeed runs are not supported yet")
         if self.accelerator.is_main_process:
             checkpoint.save(self.out, self.step, self.model, self.optimizer, self.scheduler,
                             {"data": self.mixture.state_dict()}, self.config.keep_last)
