@@ -126,6 +126,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .eval.cli import run_from_args
+
+    argv = args.argv[1:] if args.argv and args.argv[0] == "eval" else args.argv
+    return run_from_args(args, argv)
+
+
 def _manifest(index_dir: Path) -> dict:
     from .integrations.faiss_store import MANIFEST_FILE, _read_json
 
@@ -190,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                          help="terminal highlighting (never: nuggets in [[brackets]])")
     inspect.set_defaults(func=cmd_inspect)
+
+    from .eval.cli import add_arguments
+
+    evaluate = commands.add_parser("eval", help="evaluate compression systems on the paper's tasks",
+                                   description="Evaluation harness (issue 4): tasks x systems x ratios, speed and "
+                                               "memory; writes JSON, a markdown table and plots.")
+    add_arguments(evaluate)
+    evaluate.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-vv: debug)")
+    evaluate.set_defaults(func=cmd_eval)
     return parser
 
 
@@ -198,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error already printed by argparse
         return int(exit_.code or 0)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -1,0 +1,103 @@
+"""Command line of the evaluation harness: `nugget-rag eval ...` and `python -m nugget_rag.eval ...`.
+
+    nugget-rag eval --tasks squad --systems full nodoc truncation nugget --ratios 10 --split dev --limit 20
+    nugget-rag eval --tasks autoencoding squad cnndm lm hotpotqa speed --task-split hotpotqa=test \\
+        --checkpoint runs/nugget --write-benchmarks BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import DEFAULT_SYSTEMS, TASKS, EvalConfig
+
+
+def _pair(value: str) -> tuple[str, str]:
+    if "=" not in value:
+        raise argparse.ArgumentTypeError(f"expected TASK=VALUE, got {value!r}")
+    key, _, rest = value.partition("=")
+    return key, rest
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from .systems import SYSTEMS
+
+    parser.add_argument("--tasks", nargs="+", default=["squad"], metavar="TASK",
+                        help=f"tasks: {', '.join((*TASKS, 'speed'))} (default: squad)")
+    parser.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), metavar="SYSTEM",
+                        help=f"systems (default: all): {', '.join(sorted(SYSTEMS))}")
+    parser.add_argument("--ratios", nargs="+", type=float, default=[5, 10, 20], metavar="R", help="ratios (default 5 10 20)")
+    parser.add_argument("--split", choices=["train", "dev", "test", "all"], default="dev",
+                        help="split of each file per splits.json (default dev; all: the whole file)")
+    parser.add_argument("--task-split", type=_pair, action="append", default=[], metavar="TASK=SPLIT",
+                        help="per-task split, e.g. hotpotqa=test (HotpotQA has only a test part)")
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"), help="default data folder")
+    parser.add_argument("--data", type=_pair, action="append", default=[], metavar="TASK=PATH",
+                        help="a task's file (any file in the same format)")
+    parser.add_argument("--limit", type=int, metavar="N", help="at most N examples per task (autoencoding: per length)")
+    parser.add_argument("--checkpoint", type=Path, help="nugget checkpoint (default: untrained adapters)")
+    parser.add_argument("--full-checkpoint", type=Path, help="full-context fine-tuned decoder adapter checkpoint")
+    parser.add_argument("--base-model", type=Path, help="base LLaMA directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--ae-lengths", type=int, nargs="+", metavar="N", help="autoencoding lengths (default 100..500)")
+    parser.add_argument("--lm-window", type=int, nargs=3, metavar=("HISTORY", "CONTEXT", "TARGET"),
+                        help="LM tokens: compressed history, explicit context, scored target (default 640 64 64)")
+    parser.add_argument("--speed-docs", type=int, nargs="+", metavar="N", help="documents per question (default 1 4 16)")
+    parser.add_argument("--speed-repeats", type=int, help="timed repeats (default 3)")
+    parser.add_argument("--optimal", action="store_true", help="also run the Scorer's greedy-optimal study (App. A)")
+    parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--name", default="eval", help="stem of the result files (default eval)")
+    parser.add_argument("--write-benchmarks", type=Path, metavar="MD", help="update this file's harness section")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None) -> EvalConfig:
+    values = {
+        "tasks": args.tasks, "systems": args.systems, "ratios": args.ratios,
+        "split": None if args.split == "all" else args.split,
+        "task_splits": {k: (None if v == "all" else v) for k, v in args.task_split},
+        "data_dir": args.data_dir, "data": {k: Path(v) for k, v in args.data}, "limit": args.limit,
+        "checkpoint": args.checkpoint, "full_checkpoint": args.full_checkpoint, "base_model": args.base_model,
+        "device": args.device, "dtype": args.dtype, "threads": args.threads, "batch_size": args.batch_size,
+        "optimal": args.optimal, "out_dir": args.out_dir, "name": args.name, "plots": not args.no_plots,
+        "progress": not args.quiet, "write_benchmarks": args.write_benchmarks,
+        "command": "nugget-rag eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+    }
+    if args.ae_lengths:
+        values["ae_lengths"] = args.ae_lengths
+    if args.lm_window:
+        values["lm"] = dict(zip(("history", "context", "target"), args.lm_window))
+    speed = {}
+    if args.speed_docs:
+        speed["documents"] = args.speed_docs
+    if args.speed_repeats:
+        speed["repeats"] = args.speed_repeats
+    if speed:
+        values["speed"] = speed
+    return EvalConfig(**values)
+
+
+def run_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    from .runner import run
+
+    cfg = config_from_args(args, argv)
+    results = run(cfg)
+    print((Path(results["files"]["markdown"])).read_text())
+    print(f"wrote {results['files']['json']}, {results['files']['markdown']}"
+          + (f" and {len(results['files']['plots'])} plots" if results["files"]["plots"] else ""))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .. import cli
+
+    return cli.main(["eval", *(sys.argv[1:] if argv is None else argv)])

@@ -1,0 +1,110 @@
+"""Pydantic configuration of an evaluation run (what `nugget-rag eval` parses its options into)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa")
+DEFAULT_FILES = {
+    "autoencoding": "python-3.11-docs.jsonl",
+    "squad": "squad-dev-v1.1.json",
+    "cnndm": "cnndm-test-250.jsonl",
+    "lm": "wikitext-2-raw-test.txt",
+    "hotpotqa": "hotpotqa-dev-distractor-53.json",
+    "speed": "python-3.11-docs.jsonl",
+}
+DEFAULT_SYSTEMS = ("full", "full_ft", "nodoc", "truncation", "compressive", "observed_attention", "snapkv",
+                   "llmlingua_style", "lmsumm", "nugget", "kvpress_snapkv", "kvpress_observed_attention", "llmlingua")
+
+
+class SpeedConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    documents: list[int] = Field(default_factory=lambda: [1, 4, 16], description="Documents per question.")
+    doc_tokens: int = Field(512, ge=8, description="Tokens per document.")
+    repeats: int = Field(3, ge=1, description="Timed repeats after one warm-up (the median is reported).")
+    decode_steps: int = Field(16, ge=2, description="Tokens generated to time per-token decoding.")
+
+
+class LMConfig(BaseModel):
+    """Language modelling as in Table 1: [history compressed][context explicit][target scored]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    history: int = Field(640, ge=1, description="History tokens, compressed to ceil(history / r) states.")
+    context: int = Field(64, ge=1, description="Explicit recent tokens after the history.")
+    target: int = Field(64, ge=1, description="Tokens whose perplexity is measured.")
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[str] = Field(default_factory=lambda: ["squad"])
+    systems: list[str] = Field(default_factory=lambda: list(DEFAULT_SYSTEMS))
+    ratios: list[float] = Field(default_factory=lambda: [5.0, 10.0, 20.0])
+    split: Literal["train", "dev", "test"] | None = Field("dev", description="Split of each file (splits.json); None: whole file.")
+    task_splits: dict[str, Literal["train", "dev", "test"] | None] = Field(
+        default_factory=dict, description="Per-task split overrides, e.g. {'hotpotqa': 'test'}.")
+    data_dir: Path = Path("../shared/data")
+    data: dict[str, Path] = Field(default_factory=dict, description="Per-task data files (default: DEFAULT_FILES in data_dir).")
+    limit: int | None = Field(None, ge=1, description="At most this many examples per task.")
+    checkpoint: Path | None = None
+    full_checkpoint: Path | None = None
+    base_model: Path | None = None
+    device: str | None = None
+    dtype: str | None = None
+    threads: int | None = Field(None, ge=1)
+    batch_size: int = Field(4, ge=1)
+    qa_max_new_tokens: int = Field(64, ge=1, description="Paper App. E: at most 64 new tokens.")
+    summary_max_new_tokens: int = Field(128, ge=1)
+    ae_lengths: list[int] = Field(default_factory=lambda: [100, 200, 300, 400, 500],
+                                  description="Autoencoding input lengths in tokens (Fig. 4 buckets).")
+    ae_max_new_tokens: int | None = Field(None, ge=1, description="Reconstruction budget (default: 1.25 x length + 8).")
+    lm: LMConfig = Field(default_factory=LMConfig)
+    speed: SpeedConfig = Field(default_factory=SpeedConfig)
+    optimal: bool = Field(False, description="Run the Scorer's greedy-optimal study (App. A) on the LM task.")
+    optimal_examples: int = Field(4, ge=1)
+    out_dir: Path | None = Field(Path("benchmarks/results"), description="Where results go (None: not written).")
+    name: str = Field("eval", description="Stem of the result files.")
+    plots: bool = True
+    progress: bool = True
+    write_benchmarks: Path | None = Field(None, description="Update this markdown file's harness section.")
+    command: str = ""
+
+    @field_validator("ratios")
+    @classmethod
+    def _ratios(cls, value: list[float]) -> list[float]:
+        if not value:
+            raise ValueError("give at least one compression ratio")
+        for r in value:
+            if not math.isfinite(r) or r < 1:
+                raise ValueError(f"a compression ratio must be a finite number >= 1, got {r}")
+        return sorted({float(r) for r in value})
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, value: list[str]) -> list[str]:
+        unknown = [t for t in value if t not in (*TASKS, "speed")]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join((*TASKS, 'speed'))}")
+        return list(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _systems(self) -> EvalConfig:
+        from .systems import SYSTEMS
+
+        unknown = [s for s in self.systems if s not in SYSTEMS]
+        if unknown:
+            raise ValueError(f"unknown system(s) {unknown}; registered: {', '.join(sorted(SYSTEMS))}")
+        self.systems = list(dict.fromkeys(self.systems))
+        return self
+
+    def data_file(self, task: str) -> Path:
+        return Path(self.data.get(task) or self.data_dir / DEFAULT_FILES[task])
+
+    def split_for(self, task: str):
+        return self.task_splits.get(task, self.split)

@@ -1,0 +1,215 @@
+"""Runs every (task, system, ratio) of an EvalConfig on one model and writes JSON, markdown and plots."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from collections import Counter
+from datetime import date
+
+import torch
+from tqdm.auto import tqdm
+
+from ..generation import GenerationSettings, generate
+from ..model import NuggetModel
+from .config import EvalConfig
+from .systems import SYSTEMS, Env, Reading, Skipped, System, get_system
+from .systems.base import kept_slots, prompt_ids
+from .systems.peers import close_peers
+from .tasks import TaskData, load_task, score
+
+log = logging.getLogger(__name__)
+PREPARE_CHUNK = 16
+
+
+def machine_description(model: NuggetModel) -> str:
+    device = model.device
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device)
+    else:
+        where = f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+    return f"{where}; torch {torch.__version__}; {model.dtype}".replace("torch.", "")
+
+
+def load_models(cfg: EvalConfig) -> tuple[NuggetModel, NuggetModel | None, str | None]:
+    from ..base_model import convert_default_model
+
+    model = NuggetModel.from_pretrained(cfg.checkpoint, base_model=cfg.base_model, device=cfg.device, dtype=cfg.dtype)
+    full = None
+    if cfg.full_checkpoint is not None:
+        full = NuggetModel.from_pretrained(cfg.full_checkpoint, base_model=cfg.base_model, device=cfg.device,
+                                           dtype=cfg.dtype)
+    base_path = str(cfg.base_model) if cfg.base_model is not None else str(convert_default_model())
+    return model, full, base_path
+
+
+def run(cfg: EvalConfig, model: NuggetModel | None = None, full_model: NuggetModel | None = None,
+        base_model_path: str | None = None, peer_python: str | None = None) -> dict:
+    """Evaluate; returns the results dict (also written to cfg.out_dir unless out_dir is None)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if model is None:
+        model, full_model, base_model_path = load_models(cfg)
+    env = Env(model=model, full_model=full_model, base_model_path=base_model_path, peer_python=peer_python,
+              batch_size=cfg.batch_size, threads=cfg.threads, show_progress=cfg.progress)
+    quality_tasks = [t for t in cfg.tasks if t != "speed"]
+    data = {name: load_task(name, cfg, model) for name in quality_tasks}  # all data first: fail before computing
+    systems = [get_system(name) for name in cfg.systems]
+    results: dict = {
+        "meta": {
+            "date": date.today().isoformat(), "machine": machine_description(model), "model": model.base_name,
+            "checkpoint": str(cfg.checkpoint) if cfg.checkpoint else None,
+            "full_checkpoint": str(cfg.full_checkpoint) if cfg.full_checkpoint else None,
+            "adapters": "trained" if cfg.checkpoint else "untrained (no --checkpoint)",
+            "command": cfg.command, "config": cfg.model_dump(mode="json"),
+        },
+        "systems": {s.name: {"label": s.label, "description": s.description, "reimplementation": s.reimplementation,
+                             "reference": s.reference, "uses_ratio": s.uses_ratio, "kinds": sorted(s.kinds),
+                             "unavailable": s.available(env)} for s in systems},
+        "tasks": {name: {"kind": d.kind, "source": d.source, "split": d.split, "examples": len(d.examples),
+                         "examined": d.examined, "skipped": dict(d.skipped), "metric": d.metric}
+                  for name, d in data.items()},
+        "results": [],
+        "predictions": [],
+    }
+    try:
+        with torch.inference_mode():
+            for task in data.values():
+                for system in systems:
+                    results["results"].extend(evaluate_system(env, system, task, cfg, results["predictions"]))
+            if "speed" in cfg.tasks:
+                from .speed import run_speed
+
+                results["speed"] = run_speed(env, cfg)
+        if cfg.optimal:
+            from .optimal import run_optimal
+
+            results["optimal"] = run_optimal(env, cfg)
+    finally:
+        close_peers(env)
+        for s in systems:
+            s.close()
+    if cfg.out_dir is not None:
+        from .report import write_outputs
+
+        results["files"] = write_outputs(results, cfg)
+    return results
+
+
+def evaluate_system(env: Env, system: System, task: TaskData, cfg: EvalConfig, predictions: list) -> list[dict]:
+    base = {"task": task.name, "system": system.name, "label": system.label}
+    if task.kind not in system.kinds:
+        return [{**base, "ratio": None, "status": "n/a", "reason": f"{system.name} does not support {task.kind}"}]
+    reason = system.available(env)
+    if reason is not None:
+        return [{**base, "ratio": None, "status": "unavailable", "reason": reason}]
+    rows = []
+    for ratio in (cfg.ratios if system.uses_ratio else [None]):
+        start = time.perf_counter()
+        row = {**base, "ratio": ratio, "status": "ok"}
+        row.update(evaluate(env, system, task, ratio, cfg, predictions))
+        row["seconds"] = round(time.perf_counter() - start, 2)
+        rows.append(row)
+        log.info("%s %s r=%s: %s", task.name, system.name, ratio, row.get("metrics"))
+    return rows
+
+
+def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg: EvalConfig, predictions: list) -> dict:
+    model = env.model
+    tok = model.tokenizer
+    examples = task.examples
+    readings: list[Reading | Skipped] = []
+    desc = f"{task.name} {system.name}" + (f" r={ratio:g}" if ratio else "")
+    bar = tqdm(total=len(examples), desc=desc, unit="ex", disable=not cfg.progress, leave=False)
+    for start in range(0, len(examples), PREPARE_CHUNK):
+        part = examples[start : start + PREPARE_CHUNK]
+        got = system.prepare(env, [e.query for e in part], ratio)
+        if len(got) != len(part):
+            raise RuntimeError(f"{system.name}.prepare returned {len(got)} readings for {len(part)} queries")
+        readings.extend(got)
+        bar.update(len(part) / 2)
+    skipped: Counter = Counter()
+    work = []  # (example index, reading, prompt)
+    for i, (ex, reading) in enumerate(zip(examples, readings)):
+        if isinstance(reading, Skipped):
+            skipped[reading.reason] += 1
+            continue
+        prompt = prompt_ids(tok, ex.query, reading) if reading.answer is None else []
+        slots = sum(s.k for s in reading.states) if reading.states is not None else 0
+        extra = 0 if ex.query.kind == "lm" else ex.query.max_new_tokens
+        soft = model.soft_prompt.shape[0] if reading.soft_prompt else 0
+        if reading.answer is None and slots + soft + len(prompt) + extra > model.max_positions:
+            skipped["exceeds the model's positions"] += 1
+            continue
+        if reading.answer is None and not prompt and not reading.soft_prompt:
+            skipped["empty prompt"] += 1
+            continue
+        work.append((i, reading, prompt))
+    outputs: dict[int, object] = {}
+    if task.kind == "lm":
+        for i, reading, prompt in work:
+            outputs[i] = _target_nll(reading.model or model, reading, prompt, len(examples[i].query.target_ids))
+            bar.update(0.5)
+    else:
+        answered = [(i, r) for i, r, _ in work if r.answer is not None]
+        for i, r in answered:
+            outputs[i] = r.answer
+        groups: dict[tuple, list] = {}
+        for i, reading, prompt in work:
+            if reading.answer is None:
+                key = (id(reading.model or model), reading.adapter, reading.soft_prompt, examples[i].query.max_new_tokens)
+                groups.setdefault(key, []).append((i, reading, prompt))
+        for (_, adapter, soft, max_new), items in groups.items():
+            items.sort(key=lambda item: len(item[2]) + sum(s.k for s in item[1].states or []))
+            for start in range(0, len(items), cfg.batch_size):
+                batch = items[start : start + cfg.batch_size]
+                decoder = batch[0][1].model or model
+                texts = generate(decoder, [r.states or [] for _, r, _ in batch], [p for _, _, p in batch],
+                                 GenerationSettings(max_new_tokens=max_new, temperature=0), soft_prompt=soft,
+                                 adapter=adapter)
+                for (i, _, _), text in zip(batch, texts):
+                    outputs[i] = text
+                bar.update(len(batch) / 2)
+        bar.update(len(examples) - bar.n)
+    bar.close()
+    done = sorted(outputs)
+    scored = [examples[i] for i in done]
+    values = [outputs[i] for i in done]
+    empty = 0 if task.kind == "lm" else sum(1 for v in values if not str(v).strip())
+    doc_tokens = sum(sum(map(len, examples[i].query.document_ids)) for i in done)
+    kept = [kept_slots(tok, readings[i]) for i in done]
+    notes: Counter = Counter()
+    for i in done:
+        for key, value in readings[i].info.items():
+            if key != "kept_tokens" and isinstance(value, (int, float)):
+                notes[key] += value
+    for i in done:
+        predictions.append({"task": task.name, "system": system.name, "ratio": ratio, "id": examples[i].id,
+                            "output": outputs[i] if task.kind != "lm" else {"nll": outputs[i][0], "tokens": outputs[i][1]},
+                            "references": examples[i].references})
+    row = {
+        "metrics": score(task, scored, values),
+        "examples": len(examples), "scored": len(done), "skipped": dict(skipped), "empty_outputs": empty,
+        "doc_tokens": doc_tokens,
+    }
+    if kept and all(k is not None for k in kept):
+        row["kept_slots"] = float(sum(kept))
+        row["achieved_ratio"] = doc_tokens / sum(kept) if sum(kept) else None
+    if notes:
+        row["notes"] = dict(notes)
+    return row
+
+
+def _target_nll(model: NuggetModel, reading: Reading, prompt: list[int], targets: int) -> tuple[float, int]:
+    """Sum of the target tokens' negative log-likelihoods (the last `targets` ids of the prompt) and their count."""
+    ids = torch.tensor([prompt], device=model.device)
+    labels = torch.full_like(ids, -100)
+    labels[0, -targets:] = ids[0, -targets:]
+    out = model.decode([reading.states or []], ids, labels=labels, soft_prompt=reading.soft_prompt,
+                       adapter=reading.adapter, return_logits=False)
+    return float(out.loss) * targets, targets
+
+
+def registered() -> list[str]:
+    return sorted(SYSTEMS)

@@ -1,0 +1,165 @@
+"""Speed and memory, Full against nugget-rag, measured in the same run on the same model and generation code.
+
+For 1, 4 and 16 documents of about 512 tokens (the data's `split`, first tokens of each document), and a QA prompt:
+- time to first token: Full prefills documents + question; nugget-rag reads the documents' nuggets from the store
+  (a memory hit, included in the time) and prefills the question only;
+- per-token decode latency: the mean time of the next `decode_steps - 1` greedy tokens, with the cache (end of
+  sequence ignored, so every row times the same number of steps);
+- key/value bytes held: of the documents (Full: their tokens; nugget-rag: their nuggets) and in all at the first
+  token (the prompt's own keys/values added);
+- compression throughput: document tokens compressed per second (model.compress, no store);
+- store hit latency: getting all the documents' states from the in-memory LRU and from a directory store with a
+  cold LRU (read, verified, parsed).
+Medians over `repeats` after one warm-up. Runs on the model's device (CPU, or GPU when the run uses one).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+
+import torch
+
+from .. import generation
+from ..corpora import read_documents
+from ..generation import GenerationSettings, stream_generate
+from ..prompts import QA_PROMPT, chat_token_ids, full_context_messages
+from ..store import NuggetStore
+from .systems.base import Env, user_prompt
+
+QUESTION = "What does this module do?"
+
+
+@contextmanager
+def _no_eos():
+    saved = generation._eos_ids
+    generation._eos_ids = lambda model: set()
+    try:
+        yield
+    finally:
+        generation._eos_ids = saved
+
+
+def _sync(model) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+def _timed_generation(model, samples, prompt, adapter, steps: int, before=None) -> tuple[float, float]:
+    """(seconds to the first token, mean seconds per later token); `before` runs inside the first-token time."""
+    _sync(model)
+    start = time.perf_counter()
+    if before is not None:
+        samples = before()
+    stream = stream_generate(model, [samples], [prompt], GenerationSettings(max_new_tokens=steps), adapter=adapter)
+    next(stream)
+    _sync(model)
+    first = time.perf_counter() - start
+    count = 0
+    for _ in stream:
+        count += 1
+    _sync(model)
+    rest = time.perf_counter() - start - first
+    return first, rest / max(count, 1)
+
+
+def _kv_bytes(model, tokens: int) -> int:
+    cfg = model.llama.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * tokens * model.dtype.itemsize
+
+
+def passages(env: Env, cfg, count: int, tokens: int) -> list[list[int]]:
+    tok = env.model.tokenizer
+    out = []
+    for rec in read_documents(cfg.data_file("speed"), cfg.split_for("speed")):
+        ids = tok(rec["text"], add_special_tokens=False)["input_ids"]
+        if len(ids) >= tokens:
+            out.append(ids[:tokens])
+        if len(out) == count:
+            break
+    return out
+
+
+def run_speed(env: Env, cfg) -> dict:
+    model, tok, sc = env.model, env.model.tokenizer, cfg.speed
+    docs_ids = passages(env, cfg, max(sc.documents), sc.doc_tokens)
+    texts = [tok.decode(ids) for ids in docs_ids]
+    instruction = QA_PROMPT.format(question=QUESTION)
+    nugget_prompt = user_prompt(tok, instruction)
+    rows, skipped = [], []
+    median = statistics.median
+    for count in sc.documents:
+        if count > len(docs_ids):
+            skipped.append({"documents": count, "reason": f"only {len(docs_ids)} documents of {sc.doc_tokens} tokens"})
+            continue
+        ids, docs = docs_ids[:count], texts[:count]
+        full_prompt = chat_token_ids(tok, full_context_messages(docs, instruction))
+        row = {"documents": count, "doc_tokens": sum(map(len, ids)), "full_prompt_tokens": len(full_prompt),
+               "nugget_prompt_tokens": len(nugget_prompt), "kv_bytes_full_docs": _kv_bytes(model, sum(map(len, ids))),
+               "kv_bytes_full_total": _kv_bytes(model, len(full_prompt))}
+        if len(full_prompt) + sc.decode_steps <= model.max_positions:
+            firsts, per_token = [], []
+            with _no_eos():
+                for _ in range(sc.repeats + 1):
+                    f, p = _timed_generation(model, [], full_prompt, None, sc.decode_steps)
+                    firsts.append(f)
+                    per_token.append(p)
+            row["ttft_full_s"], row["decode_full_s_per_token"] = median(firsts[1:]), median(per_token[1:])
+        else:
+            row["full_skipped"] = f"Full prompt exceeds the model's {model.max_positions} positions"
+        row["nugget"] = {}
+        for ratio in cfg.ratios:
+            compress_times = []
+            for _ in range(sc.repeats + 1):
+                _sync(model)
+                start = time.perf_counter()
+                states = model.compress(ids, ratio=ratio)
+                _sync(model)
+                compress_times.append(time.perf_counter() - start)
+            memory = NuggetStore()
+            with tempfile.TemporaryDirectory() as folder:
+                disk = NuggetStore(directory=folder)
+                for text, state in zip(docs, states):
+                    memory.put(text, state)
+                    disk.put(text, state)
+                fingerprint = states[0].fingerprint
+                hit_memory, hit_disk = [], []
+                for _ in range(sc.repeats + 1):
+                    start = time.perf_counter()
+                    found = [memory.get(t, fingerprint) for t in docs]
+                    hit_memory.append(time.perf_counter() - start)
+                    cold = NuggetStore(directory=folder)
+                    start = time.perf_counter()
+                    found += [cold.get(t, fingerprint) for t in docs]
+                    hit_disk.append(time.perf_counter() - start)
+                    if any(state is None for state in found):
+                        raise RuntimeError("a stored nugget state was not found again (store miss in the benchmark)")
+            firsts, per_token = [], []
+            with _no_eos():
+                for _ in range(sc.repeats + 1):
+                    f, p = _timed_generation(model, None, nugget_prompt, "decoder", sc.decode_steps,
+                                             before=lambda store=memory, fp=fingerprint, texts=docs:
+                                             [store.get(t, fp) for t in texts])
+                    firsts.append(f)
+                    per_token.append(p)
+            nuggets = sum(s.k for s in states)
+            kv_docs = sum(s.keys.numel() * s.keys.element_size() + s.values.numel() * s.values.element_size()
+                          for s in states)
+            entry = {
+                "nuggets": nuggets, "ttft_s": median(firsts[1:]), "decode_s_per_token": median(per_token[1:]),
+                "kv_bytes_docs": kv_docs, "kv_bytes_total": kv_docs + _kv_bytes(model, len(nugget_prompt)),
+                "compress_tokens_per_s": row["doc_tokens"] / median(compress_times[1:]),
+                "store_hit_memory_s": median(hit_memory[1:]), "store_hit_disk_s": median(hit_disk[1:]),
+            }
+            if "ttft_full_s" in row:
+                entry["ttft_speedup"] = row["ttft_full_s"] / entry["ttft_s"]
+                entry["decode_speedup"] = row["decode_full_s_per_token"] / entry["decode_s_per_token"]
+            entry["kv_reduction_docs"] = row["kv_bytes_full_docs"] / kv_docs
+            entry["kv_reduction_total"] = row["kv_bytes_full_total"] / entry["kv_bytes_total"]
+            row["nugget"][f"{ratio:g}"] = entry
+        rows.append(row)
+    return {"device": str(model.device), "question": QUESTION, "doc_tokens": sc.doc_tokens, "repeats": sc.repeats,
+            "decode_steps": sc.decode_steps, "rows": rows, "skipped": skipped}

@@ -1,0 +1,82 @@
+"""Frozen-model passes for the training-free key/value baselines.
+
+`frozen_pass` runs the base model (adapters off) over right-padded token ids and returns, per row, every layer's
+keys (already rotated by RoPE at their positions, as NuggetStates store them) and values at all positions, and
+optionally every layer's rotated queries (a forward hook on q_proj) for attention-based selection. From these,
+a baseline builds NuggetStates that the same decoder reads with adapter=None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ...attention import CaptureNuggets, rotate_keys
+from ...model import NuggetModel
+from ...state import NuggetState
+
+
+@dataclass
+class FrozenPass:
+    keys: torch.Tensor  # [layers, kv_heads, n, head_dim], rotated at positions 0..n-1
+    values: torch.Tensor
+    queries: torch.Tensor | None  # [layers, heads, n, head_dim], rotated; None unless asked
+
+
+@torch.no_grad()
+def frozen_pass(model: NuggetModel, token_ids: Sequence[Sequence[int]], queries: bool = False) -> list[FrozenPass]:
+    lengths = [len(t) for t in token_ids]
+    input_ids, _ = model._pad(token_ids)
+    width = input_ids.shape[1]
+    positions = torch.arange(width, device=input_ids.device)[None].expand(len(token_ids), -1)
+    capture = CaptureNuggets(positions)
+    cfg = model.llama.config
+    heads, head_dim = cfg.num_attention_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    recorded: dict[int, torch.Tensor] = {}
+    hooks = []
+    if queries:
+        for index, layer in enumerate(model.llama.model.layers):
+            def hook(module, args, output, index=index):
+                recorded[index] = output.detach().view(output.shape[0], output.shape[1], heads, head_dim).transpose(1, 2)
+            hooks.append(layer.self_attn.q_proj.register_forward_hook(hook))
+    try:
+        with model.lock, model.use_adapter(None):
+            model.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    keys, values = capture.stacked()  # [layers, batch, kv_heads, width, head_dim]
+    q_all = None
+    if queries:
+        inv_freq = model.llama.model.rotary_emb.inv_freq
+        q_all = torch.stack([recorded[i] for i in sorted(recorded)])  # [layers, batch, heads, width, head_dim]
+        q_all = rotate_keys(q_all, torch.arange(width, device=q_all.device), inv_freq)
+    return [FrozenPass(keys[:, b, :, :n], values[:, b, :, :n], None if q_all is None else q_all[:, b, :, :n])
+            for b, n in enumerate(lengths)]
+
+
+def attention_probs(model: NuggetModel, run: FrozenPass, rows: torch.Tensor, layer: int) -> torch.Tensor:
+    """Causal attention probabilities [heads, len(rows), n] of the query rows over all positions, in one layer."""
+    q = run.queries[layer][:, rows].float()  # [heads, R, D]
+    k = run.keys[layer].float()  # [kv_heads, n, D]
+    groups = q.shape[0] // k.shape[0]
+    k = k.repeat_interleave(groups, dim=0)
+    scale = model.llama.model.layers[layer].self_attn.scaling
+    logits = q @ k.transpose(1, 2) * scale
+    cols = torch.arange(k.shape[1], device=logits.device)
+    logits = logits.masked_fill(cols[None, None, :] > rows[None, :, None], float("-inf"))
+    return logits.softmax(-1)
+
+
+def state_at(model: NuggetModel, run: FrozenPass, positions: torch.Tensor, token_ids: Sequence[int], n: int,
+             tag: str, scores: torch.Tensor | None = None) -> NuggetState:
+    """A NuggetState holding the frozen pass's keys/values at `positions` (ascending)."""
+    positions = positions.sort().values.to(run.keys.device)
+    tokens = model.tokenizer.convert_ids_to_tokens([int(token_ids[i]) for i in positions.tolist()])
+    return NuggetState(
+        keys=run.keys[:, :, positions], values=run.values[:, :, positions], positions=positions,
+        scores=torch.zeros(len(positions), device=run.keys.device) if scores is None else scores,
+        tokens=tokens, n=n, fingerprint=tag,
+    )

@@ -1,0 +1,199 @@
+"""The one interface every compared system implements, and the registry that names them.
+
+A system turns an example's documents into what the decoder reads (`Reading`): either key/value states put
+before the prompt (`NuggetState`s, read by `NuggetModel.decode`/`generate` with any adapter or none), or texts
+put in the prompt (Full's template, `prompts.full_context_messages`), or, for a peer package that runs its own
+generation, the answer itself. The runner builds every prompt with `prompt_ids`, so all systems share one
+prompt format, one decoder and one scoring code path.
+
+Adding a system is one file in this folder:
+
+    @register("my_system")
+    class MySystem(System):
+        label = "My system (re-impl.)"
+        def prepare(self, env, queries, ratio):
+            return [Reading(texts=[...], adapter=None) for q in queries]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from ...prompts import chat_token_ids, full_context_messages
+from ...state import NuggetState
+
+if TYPE_CHECKING:
+    from ...model import NuggetModel
+
+Kind = Literal["qa", "summarization", "autoencoding", "lm"]
+ALL_KINDS: frozenset[str] = frozenset({"qa", "summarization", "autoencoding", "lm"})
+
+
+@dataclass
+class Query:
+    """One example as a system sees it.
+
+    documents / document_ids: the texts to compress (HotpotQA: 10 paragraphs, compressed one by one) and their
+    token ids (the model's tokenizer, no special tokens). instruction: the rendered task instruction (QA prompt
+    with the question, summary prompt, repeat prompt); empty for language modelling. context_ids / target_ids
+    (language modelling only): the uncompressed recent tokens after the history, and the tokens scored.
+    max_new_tokens: the generation budget of the task (greedy).
+    """
+
+    kind: str
+    documents: list[str]
+    document_ids: list[list[int]]
+    instruction: str = ""
+    context_ids: list[int] = field(default_factory=list)
+    target_ids: list[int] = field(default_factory=list)
+    max_new_tokens: int = 64
+
+
+@dataclass
+class Reading:
+    """What the decoder reads for one example.
+
+    Exactly one of: `states` (KV prefix, one or more per document), `texts` (document texts in the prompt; [] =
+    no document), `answer` (a peer generated the output itself). `text_ids` may give the texts' exact token ids
+    (language modelling reads token ids, not re-tokenised text). `adapter` decodes (None: the frozen base
+    model); `soft_prompt` puts the trained soft token before an empty prompt (nugget autoencoding); `model`
+    replaces the run's model (Full fine-tuned); `info` holds per-example notes that the report aggregates.
+    """
+
+    states: list[NuggetState] | None = None
+    texts: list[str] | None = None
+    text_ids: list[list[int]] | None = None
+    answer: str | None = None
+    adapter: str | None = None
+    soft_prompt: bool = False
+    model: NuggetModel | None = None
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        given = sum(x is not None for x in (self.states, self.texts, self.answer))
+        if given != 1:
+            raise ValueError("a Reading holds exactly one of states, texts or answer")
+
+
+@dataclass
+class Skipped:
+    """An example this system cannot run (counted by reason in the report, never silently dropped)."""
+
+    reason: str
+
+
+@dataclass
+class Env:
+    """What systems may use: the run's model, the optional full-context fine-tuned model, a per-run cache."""
+
+    model: NuggetModel
+    full_model: NuggetModel | None = None
+    base_model_path: str | None = None  # a directory a peer package can load the same base model from
+    peer_python: str | None = None  # the interpreter of the peers' virtual environment
+    batch_size: int = 4
+    threads: int | None = None
+    show_progress: bool = False
+    cache: dict = field(default_factory=dict)
+
+    def cache_for(self, name: str) -> dict:
+        return self.cache.setdefault(name, {})
+
+
+class System:
+    """Base class: subclasses set `label` and implement `prepare`.
+
+    `uses_ratio` False: the system does not compress (Full, NoDoc) and runs once per task, reported as r = 1 or
+    no document. `kinds`: the task kinds it supports (others are reported as n/a). `reimplementation`: True for
+    a re-implementation of a peer method (its label says so). `reference`: results that are not comparable as
+    a cached compressor (query-aware selection cannot be cached across questions).
+    """
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    uses_ratio: ClassVar[bool] = True
+    kinds: ClassVar[frozenset[str]] = ALL_KINDS
+    reimplementation: ClassVar[bool] = False
+    reference: ClassVar[bool] = False
+    description: ClassVar[str] = ""
+
+    def available(self, env: Env) -> str | None:
+        """None when the system can run here, else the reason it cannot (reported, the run goes on)."""
+        return None
+
+    def prepare(self, env: Env, queries: Sequence[Query], ratio: float | None) -> list[Reading | Skipped]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release outside resources (a peer process)."""
+
+
+SYSTEMS: dict[str, type[System]] = {}
+
+
+def register(name: str):
+    """Class decorator: make a System available to the harness under `name`."""
+
+    def wrap(cls: type[System]) -> type[System]:
+        if name in SYSTEMS and SYSTEMS[name] is not cls:
+            raise ValueError(f"a system named {name!r} is already registered ({SYSTEMS[name].__name__})")
+        if not cls.label:
+            raise ValueError(f"system {name!r} needs a label")
+        cls.name = name
+        SYSTEMS[name] = cls
+        return cls
+
+    return wrap
+
+
+def get_system(name: str) -> System:
+    try:
+        return SYSTEMS[name]()
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; registered: {', '.join(sorted(SYSTEMS))}") from None
+
+
+# ------------------------------------------------------------------ shared helpers
+def budget(n_tokens: int, ratio: float) -> int:
+    """Slots a document of n tokens may keep at ratio r: k = ceil(n / r), the nuggets' own budget."""
+    from ...config import nugget_count
+
+    if n_tokens < 1:
+        raise ValueError("an empty document has no tokens to keep")
+    return nugget_count(n_tokens, ratio)
+
+
+def user_prompt(tokenizer, instruction: str) -> list[int]:
+    return chat_token_ids(tokenizer, [{"role": "user", "content": instruction}])
+
+
+def prompt_ids(tokenizer, query: Query, reading: Reading) -> list[int]:
+    """The token ids the decoder reads after any KV states: one format for every system.
+
+    qa / summarization / autoencoding: with states, the instruction alone in a user turn (or nothing after the
+    soft prompt); with texts, Full's prompt (documents then instruction in one user turn, App. D); with no
+    text, the instruction alone (NoDoc). Language modelling: [history as text][context][target], no template.
+    """
+    if query.kind == "lm":
+        head: list[int] = []
+        if reading.texts is not None:
+            ids = reading.text_ids or [tokenizer(t, add_special_tokens=False)["input_ids"] for t in reading.texts]
+            head = [i for part in ids for i in part]
+        return head + list(query.context_ids) + list(query.target_ids)
+    if reading.states is not None:
+        return [] if reading.soft_prompt else user_prompt(tokenizer, query.instruction)
+    if reading.texts:
+        return chat_token_ids(tokenizer, full_context_messages(reading.texts, query.instruction))
+    return user_prompt(tokenizer, query.instruction)
+
+
+def kept_slots(tokenizer, reading: Reading) -> int | None:
+    """How many positions the documents take in what the decoder reads: KV slots or text tokens."""
+    if reading.states is not None:
+        return sum(s.k for s in reading.states)
+    if reading.texts is not None:
+        if reading.text_ids is not None:
+            return sum(len(t) for t in reading.text_ids)
+        return sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in reading.texts)
+    return reading.info.get("kept_tokens")

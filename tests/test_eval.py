@@ -1,0 +1,233 @@
+"""The evaluation harness on the tiny model: every registered system end to end, outputs, bad input, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from eval_data import PARAGRAPHS, write_data
+from tiny import tiny_base
+
+from nugget_rag import NuggetConfig, NuggetModel, cli
+from nugget_rag.corpora import DataError
+from nugget_rag.eval import SYSTEMS, EvalConfig, Query, run
+from nugget_rag.eval import runner as eval_runner
+from nugget_rag.eval.systems import Env, get_system
+from nugget_rag.eval.systems._kv import attention_probs, frozen_pass
+from nugget_rag.eval.systems.peers import peer_python
+from nugget_rag.eval.tasks import load_task
+
+ALL_TASKS = ["squad", "cnndm", "autoencoding", "lm", "hotpotqa"]
+KIND = {"squad": "qa", "cnndm": "summarization", "autoencoding": "autoencoding", "lm": "lm", "hotpotqa": "qa"}
+
+
+def tiny_model(seed: int = 0) -> NuggetModel:
+    return NuggetModel(tiny_base(seed), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_data(tmp_path_factory.mktemp("data"))
+
+
+def config(data_dir: Path, out_dir: Path | None, **overrides) -> EvalConfig:
+    values = {
+        "tasks": ALL_TASKS, "task_splits": {"hotpotqa": "test"}, "ratios": [4], "data_dir": data_dir, "limit": 1,
+        "ae_lengths": [70], "ae_max_new_tokens": 8, "lm": {"history": 40, "context": 10, "target": 10},
+        "qa_max_new_tokens": 6, "summary_max_new_tokens": 6, "batch_size": 2, "out_dir": out_dir, "progress": False,
+        "plots": False, "speed": {"documents": [1, 2], "doc_tokens": 40, "repeats": 1, "decode_steps": 3},
+    }
+    values.update(overrides)
+    return EvalConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def peer_base(tmp_path_factory):
+    """A directory holding the tiny base model, for the peer packages (when their environment exists)."""
+    folder = tmp_path_factory.mktemp("tiny-base")
+    base = tiny_base()
+    base.model.save_pretrained(folder)
+    base.tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("name", sorted(SYSTEMS))
+def test_every_registered_system_runs_end_to_end(name, model, data_dir, peer_base, tmp_path):
+    """Each system on every task it supports: a scored row with finite metrics, or a stated reason it cannot run."""
+    full_model = tiny_model(seed=1) if name == "full_ft" else None
+    results = run(config(data_dir, None, systems=[name]), model=model, full_model=full_model, base_model_path=peer_base)
+    system = SYSTEMS[name]
+    unavailable = system().available(Env(model=model, full_model=full_model, base_model_path=peer_base))
+    rows = {r["task"]: r for r in results["results"]}
+    assert set(rows) == set(ALL_TASKS)
+    for task, row in rows.items():
+        if KIND[task] not in system.kinds:
+            assert row["status"] == "n/a"
+        elif unavailable is not None:
+            assert row["status"] == "unavailable" and row["reason"] == unavailable
+        else:
+            assert row["status"] == "ok", row
+            assert row["scored"] + sum(row["skipped"].values()) == row["examples"] >= 1
+            assert row["scored"] >= 1, row
+            assert row["metrics"] and all(math.isfinite(v) for v in row["metrics"].values())
+            if system.uses_ratio and row.get("kept_slots") and name not in ("lmsumm", "llmlingua"):
+                assert row["achieved_ratio"] == pytest.approx(4, rel=0.35)  # k = ceil(n / r) slots per document
+    if name in ("llmlingua", "kvpress_snapkv", "kvpress_observed_attention") and peer_python(Env(model=model)) is None:
+        assert unavailable is not None and "peer environment" in unavailable
+
+
+def test_outputs_json_markdown_plots_and_benchmarks_section(model, data_dir, tmp_path):
+    bench = tmp_path / "BENCHMARKS.md"
+    bench.write_text("# Benchmarks\n\nHand-written text stays.\n")
+    cfg = config(data_dir, tmp_path / "out", systems=["full", "nodoc", "truncation", "nugget"], ratios=[4, 8],
+                 ae_lengths=[70, 100], lm={"history": 24, "context": 8, "target": 8},
+                 tasks=[*ALL_TASKS, "speed"], plots=True, optimal=True, optimal_examples=1, write_benchmarks=bench,
+                 command="nugget-rag eval --test")
+    results = run(cfg, model=model)
+    saved = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert saved["meta"]["command"] == "nugget-rag eval --test" and saved["meta"]["machine"]
+    assert {(r["task"], r["system"], r["ratio"]) for r in saved["results"]} >= {("squad", "nugget", 4.0), ("squad", "nugget", 8.0),
+                                                                                ("squad", "full", None)}
+    ae = next(r for r in saved["results"] if r["task"] == "autoencoding" and r["system"] == "full")
+    assert {"bleu", "bleu@70", "bleu@100"} <= set(ae["metrics"])
+    speed = saved["speed"]["rows"][0]
+    assert speed["documents"] == 1 and speed["ttft_full_s"] > 0 and speed["nugget"]["4"]["ttft_s"] > 0
+    assert speed["nugget"]["4"]["kv_reduction_docs"] == pytest.approx(40 / 10)
+    assert 0 <= saved["optimal"]["replaced_share"] <= 1
+    assert saved["optimal"]["ppl_optimal"] <= saved["optimal"]["ppl_scorer"] + 1e-6
+    md = (tmp_path / "out" / "eval.md").read_text()
+    assert "### squad: accuracy" in md and "| r = 4 | r = 8 |" in md and "BLEU by input length" in md
+    assert "Speed and memory" in md and "greedy-optimal" in md
+    for plot in results["files"]["plots"]:
+        assert Path(plot).stat().st_size > 1000
+    assert any(p.endswith("bleu-vs-length.png") for p in results["files"]["plots"])
+    assert any(p.endswith("ttft-vs-documents.png") for p in results["files"]["plots"])
+    lines = (tmp_path / "out" / "eval-predictions.jsonl").read_text().splitlines()
+    assert len(lines) == sum(r.get("scored", 0) for r in saved["results"])
+    text = bench.read_text()
+    assert "Hand-written text stays." in text and text.count("<!-- nugget-rag eval: begin -->") == 1
+    run(cfg.model_copy(update={"tasks": ["squad"], "optimal": False}), model=model)  # a second run replaces it
+    again = bench.read_text()
+    assert again.count("<!-- nugget-rag eval: begin -->") == 1 and "### cnndm" not in again
+
+
+def test_examples_that_cannot_run_are_counted_not_dropped(model, tmp_path):
+    long = "x" * 600  # the tiny model has 512 positions: Full cannot read it, so no system is scored on it
+    squad = {"data": [{"paragraphs": [
+        {"context": PARAGRAPHS[0], "qas": [{"id": "ok", "question": "How fast?", "answers": [{"text": "two"}]},
+                                          {"id": "noanswer", "question": "Why?", "answers": []}]},
+        {"context": long, "qas": [{"id": "long", "question": "What?", "answers": [{"text": "x"}]}]},
+        {"context": "", "qas": [{"id": "empty", "question": "What?", "answers": [{"text": "x"}]}]},
+    ]}]}
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(squad))
+    cfg = config(tmp_path, None, tasks=["squad"], data={"squad": path}, split=None, limit=None,
+                 systems=["full", "truncation"])
+    results = run(cfg, model=model)
+    info = results["tasks"]["squad"]
+    assert info["examples"] == 1 and info["examined"] == 4
+    assert info["skipped"] == {"no gold answer": 1, "Full prompt + output exceed the model's 512 positions": 1,
+                               "empty document": 1}
+    assert all(r["examples"] == 1 for r in results["results"])
+
+
+def test_empty_model_output_is_counted_and_scored_wrong(model, data_dir, monkeypatch):
+    monkeypatch.setattr(eval_runner, "generate", lambda model, samples, prompts, *a, **k: [""] * len(prompts))
+    results = run(config(data_dir, None, tasks=["squad", "cnndm"], systems=["full"], limit=2), model=model)
+    squad, cnndm = results["results"]
+    assert squad["empty_outputs"] == squad["scored"] == 2 and squad["metrics"]["accuracy"] == 0.0
+    assert cnndm["empty_outputs"] == 2 and cnndm["metrics"]["rouge1"] == 0.0
+
+
+def test_bad_inputs_give_clear_errors(model, data_dir, tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        run(config(data_dir, None, tasks=["squad"], data={"squad": tmp_path / "missing.json"}), model=model)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"data": [{"paragraphs": [{"context": "c", "qas": [{"question": "q?"}]}]}]}))
+    with pytest.raises(DataError, match="lacks the field"):
+        run(config(data_dir, None, tasks=["squad"], data={"squad": broken}, split=None), model=model)
+    with pytest.raises(DataError, match="no 'dev' part"):  # HotpotQA has only a test part
+        run(config(data_dir, None, tasks=["hotpotqa"], task_splits={}), model=model)
+    with pytest.raises(ValueError, match="ratio must be a finite number >= 1"):
+        config(data_dir, None, ratios=[0.5])
+    with pytest.raises(ValueError, match="unknown system"):
+        config(data_dir, None, systems=["nope"])
+
+
+def test_no_ratio_leaves_zero_slots(model):
+    """k = ceil(n / r) >= 1 for any r >= 1, even r far above the document length."""
+    ids = model.tokenizer("short", add_special_tokens=False)["input_ids"]
+    q = Query("qa", ["short"], [ids], "What?")
+    env = Env(model=model)
+    for name in ("truncation", "compressive", "observed_attention", "snapkv", "llmlingua_style", "nugget"):
+        (reading,) = get_system(name).prepare(env, [q], 1000.0)
+        kept = reading.states[0].k if reading.states is not None else len(reading.text_ids[0])
+        assert kept == 1, name
+
+
+def test_compressive_at_r1_is_the_frozen_model_reading_the_document(model):
+    """r = 1: every position is its own chunk, so the pooled states are the document's own keys/values and the
+    decoder's output equals the base model's over document + prompt (the nugget position scheme is exact)."""
+    doc = model.tokenizer("The falcon dives fast.", add_special_tokens=False)["input_ids"]
+    prompt = model.tokenizer(" Why?", add_special_tokens=False)["input_ids"]
+    (reading,) = get_system("compressive").prepare(Env(model=model), [Query("qa", ["x"], [doc], "Why?")], 1.0)
+    with torch.no_grad():
+        got = model.decode([reading.states], torch.tensor([prompt]), adapter=None).logits
+        with model.use_adapter(None):
+            want = model.llama(input_ids=torch.tensor([doc + prompt])).logits[:, len(doc):]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_attention_probabilities_from_captured_queries_match_eager_attention(model):
+    ids = model.tokenizer("Nuggets are the tokens kept.", add_special_tokens=False)["input_ids"]
+    (run_,) = frozen_pass(model, [ids], queries=True)
+    rows = torch.arange(len(ids))
+    with torch.no_grad(), model.use_adapter(None):
+        saved = model.llama.config._attn_implementation
+        model.llama.config._attn_implementation = "eager"
+        try:
+            eager = model.llama(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+        finally:
+            model.llama.config._attn_implementation = saved
+    for layer in (0, len(eager) - 1):
+        torch.testing.assert_close(attention_probs(model, run_, rows, layer), eager[layer][0], atol=1e-5, rtol=1e-4)
+
+
+def test_task_limit_and_autoencoding_buckets(model, data_dir):
+    task = load_task("autoencoding", config(data_dir, None, limit=2, split=None, ae_lengths=[70, 100]), model)
+    assert sorted(e.bucket for e in task.examples) == [70, 70, 100, 100]
+    assert all(abs(len(e.query.document_ids[0]) - e.bucket) <= 5 for e in task.examples)
+    lm = load_task("lm", config(data_dir, None, limit=1), model)
+    (ex,) = lm.examples
+    assert (len(ex.query.document_ids[0]), len(ex.query.context_ids), len(ex.query.target_ids)) == (40, 10, 10)
+
+
+@pytest.fixture
+def tiny_eval_cli(monkeypatch, model):
+    monkeypatch.setattr(eval_runner, "load_models", lambda cfg: (model, None, None))
+
+
+def test_cli_eval_smoke(tiny_eval_cli, data_dir, tmp_path, capsys):
+    code = cli.main(["eval", "--tasks", "squad", "--systems", "full", "truncation", "nugget", "--ratios", "4",
+                     "--data-dir", str(data_dir), "--limit", "2", "--out-dir", str(tmp_path), "--name", "smoke", "-q"])
+    out = capsys.readouterr().out
+    assert code == 0 and "### squad: accuracy" in out and "nugget-rag (Dodo)" in out
+    saved = json.loads((tmp_path / "smoke.json").read_text())
+    assert saved["meta"]["command"].startswith("nugget-rag eval --tasks squad")
+    assert len(saved["results"]) == 3 and (tmp_path / "smoke-squad-vs-r.png").is_file()
+
+
+def test_cli_eval_errors_exit_2(tiny_eval_cli, data_dir, tmp_path, capsys):
+    assert cli.main(["eval", "--ratios", "0.5", "--data-dir", str(data_dir), "-q"]) == 2
+    assert "ratio must be a finite number >= 1" in capsys.readouterr().err
+    assert cli.main(["eval", "--data-dir", str(tmp_path / "nowhere"), "-q", "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and "Traceback" not in err
