@@ -40,6 +40,14 @@ def parts_of(source: Source) -> Parts:
     return PARTS["full_context" if source.full_context else source.objective]
 
 
+def compress_batch(model: NuggetModel, batch: Batch, source: Source) -> list[list]:
+    """The nuggets of every example's documents (none for the full-context reference), in one encoder batch."""
+    if source.full_context:
+        return [[] for _ in batch.documents]
+    states = iter(model.compress([doc for docs in batch.documents for doc in docs]))
+    return [[next(states) for _ in docs] for docs in batch.documents]
+
+
 class ObjectiveLoss(nn.Module):
     """forward(batch) -> loss of the batch's objective (a module, so Accelerate/DDP can wrap it)."""
 
@@ -52,12 +60,7 @@ class ObjectiveLoss(nn.Module):
         source = self.sources[batch.source]
         self.model.set_trainable(**vars(parts_of(source)))
         device = self.model.device
-        if source.full_context:
-            samples = [[] for _ in batch.documents]
-        else:
-            flat = [doc for docs in batch.documents for doc in docs]
-            states = iter(self.model.compress(flat))
-            samples = [[next(states) for _ in docs] for docs in batch.documents]
+        samples = compress_batch(self.model, batch, source)
         return self.model.decode(
             samples, batch.input_ids.to(device), batch.token_mask.to(device), labels=batch.labels.to(device),
             soft_prompt=source.objective == "autoencoding", adapter=DECODER, return_logits=False,

@@ -25,7 +25,7 @@ from ..model import NuggetModel
 from . import checkpoint
 from .config import Source, TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
-from .objectives import ObjectiveLoss
+from .objectives import ObjectiveLoss, compress_batch
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +253,7 @@ class Trainer:
         outputs, references = [], []
         for start in range(0, len(examples), self.config.batch_size):
             batch: Batch = collate(examples[start : start + self.config.batch_size], index, pad)
-            samples = [[] for _ in batch.documents] if source.full_context else [
-                model.compress(docs) for docs in batch.documents]
+            samples = compress_batch(model, batch, source)
             if source.objective == "autoencoding":
                 prompts = [[] for _ in samples]
                 settings = GenerationSettings(max_new_tokens=max(int(batch.token_mask.sum(1).max()) + 8, 8))
