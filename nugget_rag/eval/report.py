@@ -136,21 +136,26 @@ def plots(results: dict, out_dir: Path, stem: str) -> list[str]:
         rows = [r for r in results["results"] if r["task"] == task and r.get("status") == "ok"]
         if not rows:
             continue
-        fig, ax = plt.subplots(figsize=(5, 3.4), dpi=100)
-        for name, info in results["systems"].items():
+        fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=100)
+        colors = plt.get_cmap("tab20").colors
+        for index, (name, info) in enumerate(results["systems"].items()):
             mine = [r for r in rows if r["system"] == name and metric in r["metrics"]]
+            color = colors[index % len(colors)]
             if not mine:
                 continue
             if info["uses_ratio"]:
                 mine.sort(key=lambda r: r["ratio"])
-                ax.plot([r["ratio"] for r in mine], [r["metrics"][metric] for r in mine], marker="o", label=info["label"])
+                ax.plot([r["ratio"] for r in mine], [r["metrics"][metric] for r in mine], marker="o", color=color,
+                        label=info["label"])
             else:
-                ax.axhline(mine[0]["metrics"][metric], linestyle="--", linewidth=1, label=info["label"], color=None)
+                ax.axhline(mine[0]["metrics"][metric], linestyle="--", linewidth=1, color=color, label=info["label"])
+        ax.set_xscale("log")
+        ax.set_xticks(ratios, [f"{r:g}" for r in ratios])
+        ax.minorticks_off()
         ax.set_xlabel("compression ratio r")
-        ax.set_xticks(ratios)
         ax.set_ylabel(metric)
         ax.set_title(f"{task}: {metric} vs r", fontsize=9)
-        ax.legend(fontsize=5, loc="best")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         path = out_dir / f"{stem}-{task}-vs-r.png"
         fig.savefig(path)
@@ -158,15 +163,17 @@ def plots(results: dict, out_dir: Path, stem: str) -> list[str]:
         written.append(str(path))
     ae = [r for r in results["results"] if r["task"] == "autoencoding" and r.get("status") == "ok"]
     if ae:
-        fig, ax = plt.subplots(figsize=(5, 3.4), dpi=100)
-        for r in ae:
+        fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=100)
+        colors = plt.get_cmap("tab20").colors
+        for index, r in enumerate(ae):
             points = sorted((int(k.split("@")[1]), v) for k, v in r["metrics"].items() if k.startswith("bleu@"))
             ratio = "" if r["ratio"] is None else f" r={r['ratio']:g}"
-            ax.plot([p for p, _ in points], [v for _, v in points], marker="o", label=r["label"] + ratio)
+            ax.plot([p for p, _ in points], [v for _, v in points], marker="o", label=r["label"] + ratio,
+                    color=colors[index % len(colors)], linestyle="-" if index < len(colors) else ":")
         ax.set_xlabel("input length (tokens)")
         ax.set_ylabel("BLEU")
         ax.set_title("autoencoding: BLEU vs length (Fig. 4)", fontsize=9)
-        ax.legend(fontsize=5, loc="best")
+        ax.legend(fontsize=5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         path = out_dir / f"{stem}-bleu-vs-length.png"
         fig.savefig(path)

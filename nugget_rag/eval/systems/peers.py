@@ -105,8 +105,7 @@ class KVPressSystem(PeerSystem):
             if "error" in reply:
                 out.append(Skipped(f"peer error: {reply['error'][:120]}"))
             else:
-                kept = sum(len(ids) for ids in q.document_ids) / ratio
-                out.append(Reading(answer=reply["answer"], info={"kept_tokens": kept}))
+                out.append(Reading(answer=reply["answer"]))  # kept slots: decided inside kvpress, not reported
         return out
 
 
