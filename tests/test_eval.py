@@ -90,6 +90,7 @@ def test_outputs_json_markdown_plots_and_benchmarks_section(model, data_dir, tmp
     cfg = config(data_dir, tmp_path / "out", systems=["full", "nodoc", "truncation", "nugget"], ratios=[4, 8],
                  ae_lengths=[70, 100], lm={"history": 24, "context": 8, "target": 8},
                  tasks=[*ALL_TASKS, "speed"], plots=True, optimal=True, optimal_examples=1, write_benchmarks=bench,
+                 optimal_lm={"history": 24, "context": 8, "target": 8},
                  command="nugget-rag eval --test")
     results = run(cfg, model=model)
     saved = json.loads((tmp_path / "out" / "eval.json").read_text())

@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--speed-docs", type=int, nargs="+", metavar="N", help="documents per question (default 1 4 16)")
     parser.add_argument("--speed-repeats", type=int, help="timed repeats (default 3)")
     parser.add_argument("--optimal", action="store_true", help="also run the Scorer's greedy-optimal study (App. A)")
+    parser.add_argument("--optimal-examples", type=int, default=4, metavar="N", help="examples of that study (default 4)")
     parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--name", default="eval", help="stem of the result files (default eval)")
     parser.add_argument("--write-benchmarks", type=Path, metavar="MD", help="update this file's harness section")
@@ -68,7 +69,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
         "data_dir": args.data_dir, "data": {k: Path(v) for k, v in args.data}, "limit": args.limit,
         "checkpoint": args.checkpoint, "full_checkpoint": args.full_checkpoint, "base_model": args.base_model,
         "device": args.device, "dtype": args.dtype, "threads": args.threads, "batch_size": args.batch_size,
-        "optimal": args.optimal, "out_dir": args.out_dir, "name": args.name, "plots": not args.no_plots,
+        "optimal": args.optimal, "optimal_examples": args.optimal_examples, "out_dir": args.out_dir, "name": args.name, "plots": not args.no_plots,
         "progress": not args.quiet, "write_benchmarks": args.write_benchmarks,
         "command": "nugget-rag eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
     }

@@ -68,6 +68,8 @@ class EvalConfig(BaseModel):
     speed: SpeedConfig = Field(default_factory=SpeedConfig)
     optimal: bool = Field(False, description="Run the Scorer's greedy-optimal study (App. A) on the LM task.")
     optimal_examples: int = Field(4, ge=1)
+    optimal_lm: LMConfig = Field(default_factory=lambda: LMConfig(history=128, context=64, target=64),
+                                 description="LM window of the App. A study (the paper's: 128 / 64 / 64).")
     out_dir: Path | None = Field(Path("benchmarks/results"), description="Where results go (None: not written).")
     name: str = Field("eval", description="Stem of the result files.")
     plots: bool = True

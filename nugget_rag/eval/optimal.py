@@ -53,7 +53,7 @@ def _nll(model, keys, values, selections: list[list[int]], tail: list[int], targ
 def run_optimal(env: Env, cfg) -> dict:
     model = env.model
     ratio = cfg.ratios[len(cfg.ratios) // 2]
-    small = cfg.model_copy(update={"limit": cfg.optimal_examples})
+    small = cfg.model_copy(update={"limit": cfg.optimal_examples, "lm": cfg.optimal_lm})
     task = load_task("lm", small, model)
     replaced = total = 0
     nll_before = nll_after = 0.0
@@ -85,4 +85,4 @@ def run_optimal(env: Env, cfg) -> dict:
         tokens += t
     return {"ratio": ratio, "examples": len(task.examples), "replaced_share": replaced / max(total, 1),
             "ppl_scorer": math.exp(nll_before / tokens), "ppl_optimal": math.exp(nll_after / tokens),
-            "window": cfg.lm.model_dump()}
+            "window": cfg.optimal_lm.model_dump()}

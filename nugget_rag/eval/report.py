@@ -117,6 +117,10 @@ def _speed_table(speed: dict) -> list[str]:
                 f"{e['decode_s_per_token'] * 1000:.1f} | {e['kv_reduction_docs']:.1f}x | "
                 f"{e['compress_tokens_per_s']:.0f} | {e['store_hit_memory_s'] * 1000:.2f} / "
                 f"{e['store_hit_disk_s'] * 1000:.2f} |")
+    for row in speed["rows"]:
+        if "full_skipped" in row:
+            out.append(f"\nFull at {row['documents']} documents: not run, {row['full_skipped']} "
+                       f"({row['full_prompt_tokens']} prompt tokens + {speed['decode_steps']} new).")
     for s in speed.get("skipped", []):
         out.append(f"\nSkipped {s['documents']} documents: {s['reason']}.")
     return out + [""]
