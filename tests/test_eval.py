@@ -80,7 +80,7 @@ def test_every_registered_system_runs_end_to_end(name, model, data_dir, peer_bas
             assert row["metrics"] and all(math.isfinite(v) for v in row["metrics"].values())
             if system.uses_ratio and row.get("kept_slots") and name not in ("lmsumm", "llmlingua"):
                 assert row["achieved_ratio"] == pytest.approx(4, rel=0.35)  # k = ceil(n / r) slots per document
-    if name in ("llmlingua", "kvpress_snapkv", "kvpress_observed_attention") and peer_python(Env(model=model)) is None:
+    if name in ("llmlingua", "kvpress_snapkv", "kvpress_snapkv_query", "kvpress_observed_attention") and peer_python(Env(model=model)) is None:
         assert unavailable is not None and "peer environment" in unavailable
 
 

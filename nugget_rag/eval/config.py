@@ -18,7 +18,8 @@ DEFAULT_FILES = {
     "speed": "python-3.11-docs.jsonl",
 }
 DEFAULT_SYSTEMS = ("full", "full_ft", "nodoc", "truncation", "compressive", "observed_attention", "snapkv",
-                   "llmlingua_style", "lmsumm", "nugget", "kvpress_snapkv", "kvpress_observed_attention", "llmlingua")
+                   "llmlingua_style", "lmsumm", "nugget", "kvpress_snapkv", "kvpress_snapkv_query", "kvpress_observed_attention",
+                   "llmlingua")
 
 
 class SpeedConfig(BaseModel):

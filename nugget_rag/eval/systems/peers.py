@@ -90,6 +90,7 @@ class PeerSystem(System):
 
 class KVPressSystem(PeerSystem):
     press = ""
+    question_in_context = False  # True: the instruction is part of the compressed context (query-aware)
     kinds = frozenset({"qa", "summarization", "autoencoding"})
 
     def prepare(self, env: Env, queries, ratio):
@@ -99,8 +100,10 @@ class KVPressSystem(PeerSystem):
             if any(not d.strip() for d in q.documents):
                 out.append(Skipped("empty document"))
                 continue
-            reply = proc.ask({"op": "kvpress", "press": self.press, "context": "\n\n".join(q.documents) + "\n\n",
-                              "question": q.instruction, "compression_ratio": 1 - 1 / ratio,
+            context = "\n\n".join(q.documents) + "\n\n"
+            context, question = (context + q.instruction, "") if self.question_in_context else (context, q.instruction)
+            reply = proc.ask({"op": "kvpress", "press": self.press, "context": context,
+                              "question": question, "compression_ratio": 1 - 1 / ratio,
                               "max_new_tokens": q.max_new_tokens})
             if "error" in reply:
                 out.append(Skipped(f"peer error: {reply['error'][:120]}"))
@@ -115,6 +118,16 @@ class KVPressSnapKV(KVPressSystem):
     press = "snapkv"
     description = ("kvpress's SnapKVPress run by kvpress itself; as kvpress runs it, the observation window is the end "
                    "of the context (the question is not seen at compression).")
+
+
+@register("kvpress_snapkv_query")
+class KVPressSnapKVQuery(KVPressSystem):
+    label = "SnapKV, question in context (kvpress peer; reference)"
+    press = "snapkv"
+    question_in_context = True
+    reference = True
+    description = ("kvpress's SnapKVPress with the instruction at the end of the compressed context, so its observation "
+                   "window (the last 64 tokens, kept) holds the question: query-aware, as SnapKV was proposed.")
 
 
 @register("kvpress_observed_attention")
