@@ -80,6 +80,9 @@ def markdown(results: dict) -> str:
                   (f"{opt['examples']} examples, r = {opt['ratio']:g}: {opt['replaced_share'] * 100:.1f} % of the "
                   f"Scorer's nuggets replaced; perplexity {opt['ppl_scorer']:.2f} (Scorer) -> "
                   f"{opt['ppl_optimal']:.2f} (greedy-optimal)."), ""]
+    described = [f"- **{i['label']}**: {i['description'].strip()}" for i in results["systems"].values() if i["description"]]
+    if described:
+        lines += ["Systems:", "", *described, ""]
     lines += [("Labels: *re-impl.* = a re-implementation of the peer's method in this harness (not the peer's code); "
               "*peer* = the peer's own package; *reference* = query-aware, cannot be cached across questions. "
               "Cells: the metric over the examples scored; skipped and empty outputs are counted in brackets "
