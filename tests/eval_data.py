@@ -29,7 +29,8 @@ def write_data(folder: Path) -> Path:
         for i, (p, (q, answers)) in enumerate(zip(PARAGRAPHS, QUESTIONS))]}
     (folder / "squad-dev-v1.1.json").write_text(json.dumps(squad))
     with open(folder / "cnndm-test-250.jsonl", "w") as f:
-        f.writelines(json.dumps({"id": f"c{i}", "article": p + " " + p, "highlights": p.split(",")[0]}) + "\n" for i, p in enumerate(PARAGRAPHS))
+        f.writelines(json.dumps({"id": f"c{i}", "article": " ".join([p] * 3), "highlights": p.split(",")[0]}) + "\n"
+                     for i, p in enumerate(PARAGRAPHS))
     hotpot = [{"_id": f"h{i}", "question": q, "answer": answers[0],
                "context": [[f"T{j}", [PARAGRAPHS[j][:60]]] for j in range(3)]} for i, (q, answers) in enumerate(QUESTIONS)]
     (folder / "hotpotqa-dev-distractor-53.json").write_text(json.dumps(hotpot))

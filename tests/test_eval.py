@@ -76,6 +76,7 @@ def test_every_registered_system_runs_end_to_end(name, model, data_dir, peer_bas
         else:
             assert row["status"] == "ok", row
             assert row["scored"] + sum(row["skipped"].values()) == row["examples"] >= 1
+            assert not any(reason.startswith("peer error") for reason in row["skipped"]), row["skipped"]
             assert row["scored"] >= 1, row
             assert row["metrics"] and all(math.isfinite(v) for v in row["metrics"].values())
             if system.uses_ratio and row.get("kept_slots") and name not in ("lmsumm", "llmlingua"):

@@ -9,8 +9,11 @@ lines on stdin/stdout:
      "max_new_tokens": 64}                                          -> {"answer": ..., "kept_tokens": ...}
     {"op": "llmlingua", "text": ..., "rate": 0.1}                  -> {"text": ...}
 
-llmlingua counts tokens with tiktoken's cl100k encoding, which is fetched from the network on first use; offline,
-the worker substitutes the base model's own tokenizer for that count (it only sizes budgets and reports).
+Two shims let llmlingua 0.2.2 run here, neither changing what it computes: it counts tokens with tiktoken's
+cl100k encoding, which is fetched from the network on first use, so offline the worker substitutes the base
+model's own tokenizer for that count (it only sizes budgets and reports); and it passes key/value caches as
+legacy (key, value) lists, which transformers 5 no longer takes, so its model is wrapped to convert the cache
+format on the way in and out (documents longer than its 200-token iteration window need this).
 """
 
 from __future__ import annotations
@@ -57,8 +60,32 @@ def main() -> None:
 
             tiktoken.encoding_for_model = lambda name: OwnTokenizer()
             from llmlingua import PromptCompressor
+            from transformers import DynamicCache
+            from transformers.cache_utils import Cache
 
-            state["lingua"] = PromptCompressor(model_name=path, device_map="cpu")
+            class LegacyCacheModel:
+                """llmlingua's model, taking and returning caches as lists of (key, value) per layer."""
+
+                def __init__(self, model):
+                    self._model = model
+
+                def __getattr__(self, name):
+                    return getattr(self._model, name)
+
+                def __call__(self, *args, past_key_values=None, **kwargs):
+                    if past_key_values is not None and not isinstance(past_key_values, Cache):
+                        cache = DynamicCache()
+                        for index, (key, value) in enumerate(past_key_values):
+                            cache.update(key, value, index)
+                        past_key_values = cache
+                    out = self._model(*args, past_key_values=past_key_values, **kwargs)
+                    if isinstance(getattr(out, "past_key_values", None), Cache):
+                        out.past_key_values = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+                    return out
+
+            compressor = PromptCompressor(model_name=path, device_map="cpu")
+            compressor.model = LegacyCacheModel(compressor.model)
+            state["lingua"] = compressor
         return state["lingua"]
 
     print(json.dumps({"ready": True}), flush=True)
