@@ -81,7 +81,7 @@ def markdown(results: dict) -> str:
                   f"Scorer's nuggets replaced; perplexity {opt['ppl_scorer']:.2f} (Scorer) -> "
                   f"{opt['ppl_optimal']:.2f} (greedy-optimal)."), ""]
     described = [f"- **{i['label']}**: {i['description'].strip()}" for i in results["systems"].values() if i["description"]]
-    if described:
+    if described and results["tasks"]:
         lines += ["Systems:", "", *described, ""]
     lines += [("Labels: *re-impl.* = a re-implementation of the peer's method in this harness (not the peer's code); "
               "*peer* = the peer's own package; *reference* = query-aware, cannot be cached across questions. "

@@ -117,7 +117,9 @@ class KVPressSnapKV(KVPressSystem):
     label = "SnapKV (kvpress peer)"
     press = "snapkv"
     description = ("kvpress's SnapKVPress run by kvpress itself; as kvpress runs it, the observation window is the end "
-                   "of the context (the question is not seen at compression).")
+                   "of the context (the question is not seen at compression). kvpress always keeps its 64-token window, "
+                   "so when the budget (1/r of the context) is under 64 tokens, as for most SQuAD paragraphs at "
+                   "r = 10, every kept token comes from the window.")
 
 
 @register("kvpress_snapkv_query")
@@ -127,7 +129,8 @@ class KVPressSnapKVQuery(KVPressSystem):
     question_in_context = True
     reference = True
     description = ("kvpress's SnapKVPress with the instruction at the end of the compressed context, so its observation "
-                   "window (the last 64 tokens, kept) holds the question: query-aware, as SnapKV was proposed.")
+                   "window (the last 64 tokens, kept) holds the question: query-aware, as SnapKV was proposed. With "
+                   "a budget under 64 tokens the kept tokens all come from that window (question and the document's end).")
 
 
 @register("kvpress_observed_attention")
