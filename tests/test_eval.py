@@ -233,3 +233,16 @@ def test_cli_eval_errors_exit_2(tiny_eval_cli, data_dir, tmp_path, capsys):
     assert cli.main(["eval", "--data-dir", str(tmp_path / "nowhere"), "-q", "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "not found" in err and "Traceback" not in err
+
+
+def test_checkpoints_load_for_nugget_and_full_finetuned(peer_base, data_dir, tmp_path):
+    """--checkpoint and --full-checkpoint load nugget checkpoints onto --base-model; Full fine-tuned then runs."""
+    tiny_model().save_pretrained(tmp_path / "nugget")
+    tiny_model().save_pretrained(tmp_path / "full")
+    cfg = config(data_dir, None, tasks=["squad"], systems=["full_ft", "nugget"], checkpoint=tmp_path / "nugget",
+                 full_checkpoint=tmp_path / "full", base_model=Path(peer_base), device="cpu")
+    model, full, base_path = eval_runner.load_models(cfg)
+    assert full is not None and full is not model and base_path == peer_base
+    results = run(cfg, model=model, full_model=full, base_model_path=base_path)
+    assert [r["status"] for r in results["results"]] == ["ok", "ok"]
+    assert results["meta"]["adapters"] == "trained" and results["meta"]["full_checkpoint"].endswith("full")
