@@ -96,6 +96,7 @@ class NuggetModel(nn.Module):
         self._tuner_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
+        self._fingerprint_cache: tuple[tuple | None, str] = (None, "")
         self.set_trainable()
         self.eval()
 
@@ -173,15 +174,20 @@ class NuggetModel(nn.Module):
     # ------------------------------------------------------------------ identity
     def fingerprint(self, ratio: float | None = None) -> str:
         """Digest of everything that shapes a NuggetState: base model, encoder adapter, Scorer, r, dtype."""
-        h = hashlib.sha256()
         ratio = self.config.ratio if ratio is None else ratio
-        h.update(json.dumps([self._base_digest, ratio, self.config.scorer_layer, str(self.dtype)]).encode())
         named = [(n, p) for n, p in self.peft.named_parameters() if f".{ENCODER}." in n and "lora_" in n]
         named += [(f"scorer.{n}", p) for n, p in self.scorer.named_parameters()]
-        for name, p in named:
-            h.update(name.encode())
-            h.update(p.detach().float().cpu().numpy().tobytes())
-        return h.hexdigest()[:32]
+        # Hashing every weight costs a device-to-host copy; redo it only when a weight changed in place
+        # (an optimiser step, a load) or was replaced, which version counters, ids and storage pointers tell.
+        stamp = (ratio, str(self.dtype), tuple((id(p), p.data_ptr(), p._version) for _, p in named))
+        if self._fingerprint_cache[0] != stamp:
+            h = hashlib.sha256()
+            h.update(json.dumps([self._base_digest, ratio, self.config.scorer_layer, str(self.dtype)]).encode())
+            for name, p in named:
+                h.update(name.encode())
+                h.update(p.detach().float().cpu().numpy().tobytes())
+            self._fingerprint_cache = (stamp, h.hexdigest()[:32])
+        return self._fingerprint_cache[1]
 
     # ------------------------------------------------------------------ encoder side
     def _pad(self, sequences: Sequence[Sequence[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,17 +362,20 @@ class NuggetModel(nn.Module):
         return DecoderOutput(logits=logits, loss=loss)
 
     # ------------------------------------------------------------------ save / load
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write the nugget parts (adapters, Scorer, soft prompt) as safetensors and the config as JSON."""
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> Path:
+        """Write the nugget parts (adapters, Scorer, soft prompt) as safetensors and the config as JSON.
+
+        `dtype=torch.bfloat16` halves the file (what the package ships); loading casts to the model's dtype.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {}
         for adapter in (ENCODER, DECODER):
             for name, t in get_peft_model_state_dict(self.peft, adapter_name=adapter).items():
-                tensors[f"{adapter}/{name}"] = t.detach().float().cpu().contiguous()
+                tensors[f"{adapter}/{name}"] = t.detach().to("cpu", dtype).contiguous()
         for name, t in self.scorer.state_dict().items():
-            tensors[f"scorer/{name}"] = t.detach().float().cpu().contiguous()
-        tensors["soft_prompt"] = self.soft_prompt.detach().float().cpu().contiguous()
+            tensors[f"scorer/{name}"] = t.detach().to("cpu", dtype).contiguous()
+        tensors["soft_prompt"] = self.soft_prompt.detach().to("cpu", dtype).contiguous()
         save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": CHECKPOINT_FORMAT})
         meta = {"format": CHECKPOINT_FORMAT, "base_model": self.base_name, "base_digest": self._base_digest,
                 "config": self.config.model_dump()}

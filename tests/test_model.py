@@ -4,10 +4,11 @@ import math
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.generation import GenerationSettings, generate
-from nugget_rag.model import NuggetModel
+from nugget_rag.model import WEIGHTS_FILE, NuggetModel
 from tiny import tiny_base
 
 DOC = "The quick brown fox jumps over the lazy dog, then naps."
@@ -185,6 +186,19 @@ def test_save_and_load_give_identical_outputs(make_model, doc_ids, tmp_path):
     assert loaded.config == model.config
 
 
+def test_bfloat16_export_is_half_the_size_and_loads_the_rounded_weights(make_model, tmp_path):
+    model = make_model(ratio=3)
+    full, half = model.save_pretrained(tmp_path / "fp32"), model.save_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
+    with safe_open(full / WEIGHTS_FILE, "pt") as f32, safe_open(half / WEIGHTS_FILE, "pt") as b16:
+        assert f32.keys() == b16.keys()
+        assert {b16.get_tensor(k).dtype for k in b16.keys()} == {torch.bfloat16}
+    loaded = NuggetModel.from_pretrained(half, base_model=tiny_base())
+    assert loaded.dtype == model.dtype
+    for (name, a), (_, b) in zip(model.named_parameters(), loaded.named_parameters()):
+        if a.requires_grad or "lora_" in name:
+            torch.testing.assert_close(b, a.to(torch.bfloat16).to(a.dtype), atol=0, rtol=0, msg=name)
+
+
 def test_checkpoint_refuses_another_base_model(make_model, tmp_path):
     make_model().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="base model"):
@@ -200,7 +214,11 @@ def test_fingerprint_tracks_what_produces_nuggets(make_model):
     assert model.fingerprint() == first  # the decoder does not shape nuggets
     with torch.no_grad():
         next(model.adapter_parameters(ENCODER)).add_(1.0)
-    assert model.fingerprint() != first
+    second = model.fingerprint()
+    assert second != first
+    scorer_weight = next(model.scorer.parameters())
+    scorer_weight.data = scorer_weight.data + 1.0  # replaced, not changed in place: the cached digest must not stick
+    assert model.fingerprint() not in (first, second)
     assert make_model(ratio=4, perturb_adapters=False).fingerprint() == make_model(ratio=4, perturb_adapters=False).fingerprint()
 
 

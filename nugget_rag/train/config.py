@@ -108,6 +108,9 @@ class TrainConfig(BaseModel):
     seed: int = 0
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", description="auto: bf16 on GPU, else no.")
     gradient_checkpointing: bool = False
+    export_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Weights of the final export (bfloat16: half the size; checkpoints stay float32)."
+    )
     cpu: bool = Field(False, description="Train on the CPU even when a GPU is present.")
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice).")
 
@@ -128,5 +131,5 @@ class TrainConfig(BaseModel):
         return self.model_dump(
             mode="json",
             exclude={"output_dir", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
-                     "save_every", "keep_last", "log_every", "threads", "cpu"},
+                     "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype"},
         )

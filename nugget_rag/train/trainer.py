@@ -199,7 +199,7 @@ class Trainer:
             self.evaluate()
         final = self.out / FINAL_DIR
         if acc.is_main_process:
-            self.model.save_pretrained(final)
+            self.model.save_pretrained(final, dtype=getattr(torch, cfg.export_dtype))
             self.plot()
         acc.end_training()
         return TrainResult(self.step, self.out, final, losses)
