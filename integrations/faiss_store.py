@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import faiss
-import torch
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
@@ -32,6 +31,7 @@ from tqdm.auto import tqdm
 
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.llm import NuggetLLM
+from nugget_rag.model import DEFAULT_CHECKPOINT
 from nugget_rag.store import DirectoryByteStore, NuggetStore
 
 with warnings.catch_warnings():  # langchain-community announces its sunset on import
@@ -98,13 +98,14 @@ def embedding_name(embeddings: Embeddings) -> str:
 
 # ---------------------------------------------------------------------------------------------- nugget model
 def load_compressor(
-    checkpoint: str | Path | None = None,
+    checkpoint: str | Path | None = DEFAULT_CHECKPOINT,
     base_model: str | Path | None = None,
     store_dir: str | Path | None = None,
     device: str | None = None,
     ratio: float | None = None,
 ) -> NuggetCompressor:
-    """`NuggetCompressor.from_pretrained` (an untrained model is seeded, so its fingerprint is stable)."""
+    """`NuggetCompressor.from_pretrained`: the shipped checkpoint by default; None: untrained (seeded, so its
+    fingerprint is stable)."""
     return NuggetCompressor.from_pretrained(checkpoint, base_model=base_model, store_dir=store_dir,
                                             device=device, ratio=ratio)
 

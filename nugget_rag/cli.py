@@ -19,6 +19,7 @@ from langchain_core.embeddings import Embeddings
 from .compressor import NuggetCompressor
 from .config import NuggetConfig
 from .llm import NuggetLLM
+from .model import DEFAULT_CHECKPOINT
 
 log = logging.getLogger("nugget_rag.cli")
 
@@ -159,9 +160,16 @@ def _positive(value: str) -> int:
     return number
 
 
+def checkpoint_arg(value: str) -> str | Path | None:
+    """--checkpoint: a directory, 'default' (the shipped one) or 'none' (untrained)."""
+    return {DEFAULT_CHECKPOINT: DEFAULT_CHECKPOINT, "none": None}.get(value, Path(value))
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--checkpoint", type=Path, help="nugget checkpoint directory (default: untrained, on SmolLM2)")
+    common.add_argument("--checkpoint", type=checkpoint_arg, default=DEFAULT_CHECKPOINT,
+                        help="nugget checkpoint directory; 'default': the one shipped for SmolLM2-135M-Instruct "
+                             "(untrained on another base model); 'none': untrained adapters [default]")
     common.add_argument("--base-model", type=Path, help="base LLaMA checkpoint directory (default: SmolLM2-135M)")
     common.add_argument("--device", help="torch device, e.g. cpu or cuda (default: cuda if available)")
     common.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-vv: debug)")

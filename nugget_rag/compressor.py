@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
 from .config import NuggetConfig
-from .model import NuggetModel
+from .model import DEFAULT_CHECKPOINT, NuggetModel
 from .state import NuggetState
 from .store import NuggetStore
 
@@ -66,14 +66,17 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
     @classmethod
     def from_pretrained(
         cls,
-        checkpoint: str | Path | None = None,
+        checkpoint: str | Path | None = DEFAULT_CHECKPOINT,
         base_model: str | Path | None = None,
         store_dir: str | Path | None = None,
         device: str | None = None,
         dtype: str | None = None,
         **kwargs: Any,
     ) -> NuggetCompressor:
-        """Load a nugget checkpoint (default: an untrained model on SmolLM2) with a store in `store_dir`."""
+        """Load a nugget checkpoint with a store in `store_dir`.
+
+        Default: the checkpoint shipped for SmolLM2-135M-Instruct (MODEL_CARD.md); None: untrained adapters.
+        """
         model = NuggetModel.from_pretrained(checkpoint, base_model=base_model, device=device, dtype=dtype)
         store = NuggetStore(directory=store_dir) if store_dir else NuggetStore()
         return cls(model=model, store=store, **kwargs)

@@ -39,6 +39,9 @@ from .state import NuggetState
 CONFIG_FILE = "nugget_config.json"
 WEIGHTS_FILE = "nugget.safetensors"
 CHECKPOINT_FORMAT = "nugget-rag/checkpoint-v1"
+DEFAULT_CHECKPOINT = "default"
+# The adapters and Scorer shipped for the default base model (MODEL_CARD.md); `DEFAULT_CHECKPOINT` names them.
+SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct-r10"
 
 
 @dataclass
@@ -404,13 +407,19 @@ class NuggetModel(nn.Module):
     @classmethod
     def from_pretrained(
         cls,
-        directory: str | Path | None = None,
+        directory: str | Path | None = DEFAULT_CHECKPOINT,
         base_model: str | Path | BaseLM | None = None,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         config: NuggetConfig | None = None,
     ) -> NuggetModel:
-        """Load nugget parts from `directory` onto their base model; without a directory, a fresh (untrained) model."""
+        """Load nugget parts from `directory` onto their base model.
+
+        `directory="default"`: the checkpoint shipped for the default base model (MODEL_CARD.md), or a fresh model
+        on any other base; `None`: a fresh (untrained) model.
+        """
+        if directory == DEFAULT_CHECKPOINT:
+            directory = default_checkpoint_for(base_model)
         meta = read_checkpoint_meta(directory) if directory is not None else None
         if config is None:
             config = NuggetConfig.model_validate(meta["config"]) if meta else NuggetConfig()
@@ -425,6 +434,15 @@ class NuggetModel(nn.Module):
         if directory is not None:
             model.load_parts(directory)
         return model
+
+
+def default_checkpoint_for(base_model: str | Path | BaseLM | None) -> Path | None:
+    """The shipped checkpoint when `base_model` is the default model (None or its name), else None (untrained)."""
+    if base_model is None:
+        name = DEFAULT_MODEL_NAME
+    else:  # a directory of that name may hold other weights: load_parts compares the base digest
+        name = base_model.name if isinstance(base_model, BaseLM) else Path(base_model).name
+    return SHIPPED_CHECKPOINT if name == DEFAULT_MODEL_NAME and SHIPPED_CHECKPOINT.is_dir() else None
 
 
 def read_checkpoint_meta(directory: str | Path) -> dict:

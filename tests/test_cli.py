@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from test_integrations import HashEmbeddings
@@ -121,3 +122,9 @@ def test_bad_jsonl_and_bad_options(capsys, tmp_path):
     assert "bad.jsonl:2 is not valid JSON" in capsys.readouterr().err
     assert cli.main(["inspect", "some text", "--ratio", "0.5"]) == 2
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_checkpoint_flag_names_the_shipped_one_untrained_or_a_directory():
+    assert cli.checkpoint_arg("default") == "default"
+    assert cli.checkpoint_arg("none") is None
+    assert cli.checkpoint_arg("runs/x/final") == Path("runs/x/final")

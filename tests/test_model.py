@@ -277,3 +277,25 @@ def test_untrained_model_is_the_same_in_every_process():
         assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random stream is untouched
     assert fingerprints[0] == fingerprints[1]
     assert NuggetModel(tiny_base(), NuggetConfig(scorer_layer=2, seed=1)).fingerprint() != fingerprints[0]
+
+
+def test_default_checkpoint_is_the_shipped_one_only_on_the_default_model(make_model, tmp_path, monkeypatch):
+    import nugget_rag.model as model_module
+    from nugget_rag.base_model import DEFAULT_MODEL_NAME, BaseLM
+
+    monkeypatch.setattr(model_module, "SHIPPED_CHECKPOINT", tmp_path / "missing")
+    assert model_module.default_checkpoint_for(None) is None  # nothing shipped: untrained
+    trained = make_model(ratio=3)
+    with torch.no_grad():
+        trained.scorer.net[0].weight.add_(0.5)
+    trained.save_pretrained(tmp_path / "shipped")
+    monkeypatch.setattr(model_module, "SHIPPED_CHECKPOINT", tmp_path / "shipped")
+    assert model_module.default_checkpoint_for(None) == tmp_path / "shipped"
+    assert model_module.default_checkpoint_for("/models/other-llama") is None
+    # another base model gets fresh adapters; the default model (by name) gets the shipped ones
+    fresh = NuggetModel.from_pretrained(base_model=tiny_base())
+    assert fresh.fingerprint() == NuggetModel(tiny_base()).fingerprint() != trained.fingerprint()
+    base = tiny_base()
+    named = BaseLM(model=base.model, tokenizer=base.tokenizer, name=DEFAULT_MODEL_NAME)
+    assert NuggetModel.from_pretrained(base_model=named).fingerprint() == trained.fingerprint()
+    assert NuggetModel.from_pretrained(None, base_model=tiny_base()).config.ratio == NuggetConfig().ratio
