@@ -68,3 +68,14 @@ def test_non_llama_checkpoint_is_refused(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ValueError, match="LLaMA"):
         load_base_model(tmp_path)
+
+
+def test_the_shipped_checkpoint_is_loaded_by_default(compressor):
+    """The package ships trained adapters and Scorer for the default model (untrained LoRA B matrices are zero)."""
+    from nugget_rag.model import SHIPPED_CHECKPOINT
+
+    assert SHIPPED_CHECKPOINT.is_dir(), "the wheel must ship nugget_rag/checkpoints (MODEL_CARD.md)"
+    model = compressor.model
+    for adapter in ("encoder", "decoder"):
+        lora_b = [p for n, p in model.peft.named_parameters() if f"lora_B.{adapter}" in n]
+        assert lora_b and any(p.abs().sum() > 0 for p in lora_b), adapter
