@@ -152,6 +152,11 @@ def test_resume_refuses_other_settings(data, tmp_path):
                 tiny_model())
 
 
+def test_init_from_default_needs_the_default_base_model(data, tmp_path):
+    with pytest.raises(ValueError, match="pass a checkpoint directory"):
+        Trainer(config(tmp_path, [source("autoencoding", data)], init_from="default"), tiny_model())
+
+
 def test_bad_data_is_named_before_training(data, tmp_path):
     with pytest.raises(DataError, match="not found"):
         Trainer(config(tmp_path, [{"objective": "qa", "path": str(data / "missing.json")}]), tiny_model())

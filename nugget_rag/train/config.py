@@ -89,7 +89,8 @@ class TrainConfig(BaseModel):
 
     output_dir: Path = Field(description="Checkpoints, metrics, plots and the final export go here.")
     base_model: str | None = Field(None, description="Base LLaMA checkpoint directory (default: SmolLM2-135M-Instruct).")
-    init_from: str | None = Field(None, description="Nugget checkpoint to start from (e.g. a pretraining run's export).")
+    init_from: str | None = Field(None, description="Nugget checkpoint to start from (e.g. a pretraining run's "
+                                                    "export; 'default': the one shipped for SmolLM2-135M-Instruct).")
     nugget: NuggetConfig = Field(default_factory=NuggetConfig, description="Ratio, Scorer and LoRA settings.")
     data: list[Source] = Field(min_length=1)
     lengths: Lengths = Field(default_factory=Lengths)

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..config import DECODER
 from ..generation import GenerationSettings, generate
 from ..metrics import answer_correct, bleu, rouge
-from ..model import NuggetModel
+from ..model import DEFAULT_CHECKPOINT, NuggetModel, default_checkpoint_for
 from . import checkpoint
 from .config import Source, TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
@@ -77,7 +77,7 @@ class Trainer:
         else:
             model.to(self.accelerator.device)
         if config.init_from:
-            model.load_parts(config.init_from)
+            model.load_parts(_init_checkpoint(config.init_from, model))
         if config.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         self.model = model
@@ -341,3 +341,14 @@ class _Window:
 def train(config: TrainConfig, model: NuggetModel | None = None) -> TrainResult:
     """Run (or resume) training as configured; returns where the final export went."""
     return Trainer(config, model).train()
+
+
+def _init_checkpoint(init_from: str, model: NuggetModel) -> str | Path:
+    """`init_from` as a directory; 'default' is the checkpoint shipped for the model's base (if any)."""
+    if init_from != DEFAULT_CHECKPOINT:
+        return init_from
+    shipped = default_checkpoint_for(model.base_name)
+    if shipped is None:
+        raise ValueError(f"init_from='default' names the checkpoint shipped for SmolLM2-135M-Instruct; the base model "
+                         f"{model.base_name!r} has none: pass a checkpoint directory, or leave init_from unset")
+    return shipped
