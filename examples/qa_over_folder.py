@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from nugget_rag import NuggetLLM
-from nugget_rag.cli import checkpoint_arg
+from nugget_rag.cli import add_checkpoint_option
 from nugget_rag.integrations import (
     NuggetIndex,
     build_qa_chain,
@@ -59,8 +59,7 @@ def main() -> int:
     parser.add_argument("--max-chars", type=int, default=12000,
                         help="keep the first N characters of each document, to stay fast on CPU (0: all)")
     parser.add_argument("--index", type=Path, default=Path(tempfile.gettempdir()) / "nugget-rag-qa-example")
-    parser.add_argument("--checkpoint", type=checkpoint_arg, default="default",
-                        help="a nugget checkpoint directory; 'default': the one shipped with the package; 'none': untrained")
+    add_checkpoint_option(parser)
     parser.add_argument("-k", type=int, default=3, help="chunks read per question")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()

@@ -20,7 +20,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableLambda
 
 from nugget_rag import SUMMARY_PROMPT, NuggetLLM
-from nugget_rag.cli import checkpoint_arg
+from nugget_rag.cli import add_checkpoint_option
 from nugget_rag.integrations import load_compressor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,8 +49,7 @@ def main() -> int:
     parser.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA,
                         help="a text file, or a JSONL of articles (default: CNN/DailyMail in ../shared/data)")
     parser.add_argument("--line", type=int, default=0, help="which JSONL line (default 0; train range 0-199)")
-    parser.add_argument("--checkpoint", type=checkpoint_arg, default="default",
-                        help="a nugget checkpoint directory; 'default': the one shipped with the package; 'none': untrained")
+    add_checkpoint_option(parser)
     parser.add_argument("--ratio", type=float, help="compression ratio r (default: the model's)")
     parser.add_argument("--max-new-tokens", type=int, default=60)
     args = parser.parse_args()

@@ -165,11 +165,16 @@ def checkpoint_arg(value: str) -> str | Path | None:
     return {DEFAULT_CHECKPOINT: DEFAULT_CHECKPOINT, "none": None}.get(value, Path(value))
 
 
+def add_checkpoint_option(parser: argparse.ArgumentParser) -> None:
+    """The --checkpoint option shared by the CLI and the examples."""
+    parser.add_argument("--checkpoint", type=checkpoint_arg, default=DEFAULT_CHECKPOINT,
+                        help="nugget checkpoint directory; 'default' (the default): the one shipped for "
+                             "SmolLM2-135M-Instruct (untrained on another base model); 'none': untrained adapters")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--checkpoint", type=checkpoint_arg, default=DEFAULT_CHECKPOINT,
-                        help="nugget checkpoint directory; 'default': the one shipped for SmolLM2-135M-Instruct "
-                             "(untrained on another base model); 'none': untrained adapters [default]")
+    add_checkpoint_option(common)
     common.add_argument("--base-model", type=Path, help="base LLaMA checkpoint directory (default: SmolLM2-135M)")
     common.add_argument("--device", help="torch device, e.g. cpu or cuda (default: cuda if available)")
     common.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-vv: debug)")
