@@ -212,6 +212,57 @@ def test_task_limit_and_autoencoding_buckets(model, data_dir):
     assert (len(ex.query.document_ids[0]), len(ex.query.context_ids), len(ex.query.target_ids)) == (40, 10, 10)
 
 
+def test_resume_keeps_matching_cells_and_merges_other_tasks(model, data_dir, tmp_path, monkeypatch):
+    """--resume computes only missing cells, carries other tasks' cells into one report, and recomputes a task
+    whose setup changed; a run stopped after some cells leaves them saved."""
+    out = tmp_path / "out"
+    first = config(data_dir, out, tasks=["squad"], systems=["full", "nugget"], ratios=[4], command="first")
+    run(first, model=model)
+    calls = []
+    real = eval_runner.evaluate
+    monkeypatch.setattr(eval_runner, "evaluate", lambda env, system, task, ratio, *a: calls.append(
+        (task.name, system.name, ratio)) or real(env, system, task, ratio, *a))
+    second = first.model_copy(update={"tasks": ["squad", "lm"], "ratios": [4.0, 8.0], "resume": True, "command": "second"})
+    results = run(second, model=model)
+    assert calls == [("squad", "nugget", 8.0), ("lm", "full", None), ("lm", "nugget", 4.0), ("lm", "nugget", 8.0)]
+    saved = json.loads((out / "eval.json").read_text())
+    assert {(r["task"], r["system"], r["ratio"]) for r in saved["results"]} == {
+        ("squad", "full", None), ("squad", "nugget", 4.0), ("squad", "nugget", 8.0),
+        ("lm", "full", None), ("lm", "nugget", 4.0), ("lm", "nugget", 8.0)}
+    assert saved["meta"]["commands"] == ["first", "second"]
+    md = (out / "eval.md").read_text()
+    assert "`first`" in md and "`second`" in md and "| r = 4 | r = 8 |" in md
+    predictions = (out / "eval-predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == sum(r["scored"] for r in results["results"])
+
+    calls.clear()  # another limit is another setup: squad is recomputed, lm kept
+    run(second.model_copy(update={"task_limits": {"squad": 2}, "tasks": ["squad"], "command": "third"}), model=model)
+    assert sorted(calls) == [("squad", "full", None), ("squad", "nugget", 4.0), ("squad", "nugget", 8.0)]
+    saved = json.loads((out / "eval.json").read_text())
+    assert saved["tasks"]["squad"]["examples"] == 2 and saved["tasks"]["lm"]["examples"] == 1
+    assert len([r for r in saved["results"] if r["task"] == "lm"]) == 3
+
+    def stop(env, system, task, ratio, *a):  # a run that dies in its second cell
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(system.name)
+        return real(env, system, task, ratio, *a)
+
+    calls.clear()
+    monkeypatch.setattr(eval_runner, "evaluate", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(first.model_copy(update={"name": "stopped"}), model=model)
+    partial = json.loads((out / "stopped.json").read_text())
+    assert [(r["system"], r["status"]) for r in partial["results"]] == [("full", "ok")]
+
+
+def test_task_limits_override_the_global_limit(model, data_dir):
+    cfg = config(data_dir, None, limit=1, task_limits={"cnndm": 2})
+    assert len(load_task("cnndm", cfg, model).examples) == 2 and len(load_task("squad", cfg, model).examples) == 1
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        config(data_dir, None, task_limits={"nope": 2})
+
+
 @pytest.fixture
 def tiny_eval_cli(monkeypatch, model):
     monkeypatch.setattr(eval_runner, "load_models", lambda cfg: (model, None, None))
@@ -219,12 +270,14 @@ def tiny_eval_cli(monkeypatch, model):
 
 def test_cli_eval_smoke(tiny_eval_cli, data_dir, tmp_path, capsys):
     code = cli.main(["eval", "--tasks", "squad", "--systems", "full", "truncation", "nugget", "--ratios", "4",
-                     "--data-dir", str(data_dir), "--limit", "2", "--out-dir", str(tmp_path), "--name", "smoke", "-q"])
+                     "--data-dir", str(data_dir), "--limit", "3", "--task-limit", "squad=2", "--out-dir", str(tmp_path),
+                     "--name", "smoke", "-q"])
     out = capsys.readouterr().out
     assert code == 0 and "### squad: accuracy" in out and "nugget-rag (Dodo)" in out
     saved = json.loads((tmp_path / "smoke.json").read_text())
     assert saved["meta"]["command"].startswith("nugget-rag eval --tasks squad")
     assert len(saved["results"]) == 3 and (tmp_path / "smoke-squad-vs-r.png").is_file()
+    assert saved["tasks"]["squad"]["examples"] == 2
 
 
 def test_cli_eval_errors_exit_2(tiny_eval_cli, data_dir, tmp_path, capsys):

@@ -23,6 +23,13 @@ def _pair(value: str) -> tuple[str, str]:
     return key, rest
 
 
+def _int(task: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise SystemExit(f"--task-limit {task}={value}: the limit must be a whole number") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from .systems import SYSTEMS
 
@@ -39,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--data", type=_pair, action="append", default=[], metavar="TASK=PATH",
                         help="a task's file (any file in the same format)")
     parser.add_argument("--limit", type=int, metavar="N", help="at most N examples per task (autoencoding: per length)")
+    parser.add_argument("--task-limit", type=_pair, action="append", default=[], metavar="TASK=N",
+                        help="a task's own limit, e.g. cnndm=30 (overrides --limit)")
     parser.add_argument("--checkpoint", type=Path, help="nugget checkpoint (default: untrained adapters)")
     parser.add_argument("--full-checkpoint", type=Path, help="full-context fine-tuned decoder adapter checkpoint")
     parser.add_argument("--base-model", type=Path, help="base LLaMA directory (default: SmolLM2-135M-Instruct)")
@@ -56,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--name", default="eval", help="stem of the result files (default eval)")
     parser.add_argument("--write-benchmarks", type=Path, metavar="MD", help="update this file's harness section")
+    parser.add_argument("--resume", action="store_true",
+                        help=("keep the cells already in OUT_DIR/NAME.json that were run with the same task setup and "
+                              "compute only the missing ones (runs of other tasks or ratios are merged into one report)"))
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     return parser
@@ -67,10 +79,12 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
         "split": None if args.split == "all" else args.split,
         "task_splits": {k: (None if v == "all" else v) for k, v in args.task_split},
         "data_dir": args.data_dir, "data": {k: Path(v) for k, v in args.data}, "limit": args.limit,
+        "task_limits": {k: _int(k, v) for k, v in args.task_limit},
         "checkpoint": args.checkpoint, "full_checkpoint": args.full_checkpoint, "base_model": args.base_model,
         "device": args.device, "dtype": args.dtype, "threads": args.threads, "batch_size": args.batch_size,
         "optimal": args.optimal, "optimal_examples": args.optimal_examples, "out_dir": args.out_dir, "name": args.name, "plots": not args.no_plots,
         "progress": not args.quiet, "write_benchmarks": args.write_benchmarks,
+        "resume": args.resume,
         "command": "nugget-rag eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
     }
     if args.ae_lengths:

@@ -53,6 +53,7 @@ class EvalConfig(BaseModel):
     data_dir: Path = Path("../shared/data")
     data: dict[str, Path] = Field(default_factory=dict, description="Per-task data files (default: DEFAULT_FILES in data_dir).")
     limit: int | None = Field(None, ge=1, description="At most this many examples per task.")
+    task_limits: dict[str, int] = Field(default_factory=dict, description="Per-task limits, e.g. {'cnndm': 30}.")
     checkpoint: Path | None = None
     full_checkpoint: Path | None = None
     base_model: Path | None = None
@@ -76,6 +77,9 @@ class EvalConfig(BaseModel):
     plots: bool = True
     progress: bool = True
     write_benchmarks: Path | None = Field(None, description="Update this markdown file's harness section.")
+    resume: bool = Field(False, description=(
+        "Keep the results already in out_dir/name.json whose task setup (data, split, examples, checkpoints, "
+        "dtype, generation settings) equals this run's, and compute only the missing (task, system, ratio) cells."))
     command: str = ""
 
     @field_validator("ratios")
@@ -96,6 +100,16 @@ class EvalConfig(BaseModel):
             raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join((*TASKS, 'speed'))}")
         return list(dict.fromkeys(value))
 
+    @field_validator("task_limits")
+    @classmethod
+    def _task_limits(cls, value: dict[str, int]) -> dict[str, int]:
+        for task, n in value.items():
+            if task not in TASKS:
+                raise ValueError(f"--task-limit names unknown task {task!r}; choose from {', '.join(TASKS)}")
+            if n < 1:
+                raise ValueError(f"--task-limit {task}={n}: a limit must be >= 1")
+        return value
+
     @model_validator(mode="after")
     def _systems(self) -> EvalConfig:
         from .systems import SYSTEMS
@@ -111,3 +125,6 @@ class EvalConfig(BaseModel):
 
     def split_for(self, task: str):
         return self.task_splits.get(task, self.split)
+
+    def limit_for(self, task: str) -> int | None:
+        return self.task_limits.get(task, self.limit)

@@ -37,15 +37,18 @@ def _cell(row: dict, metric: str) -> str:
 
 def markdown(results: dict) -> str:
     meta = results["meta"]
-    cfg = meta["config"]
-    ratios = cfg["ratios"]
-    lines = [
-        f"- Date: {meta['date']}. Machine: {meta['machine']}. Model: {meta['model']}, adapters {meta['adapters']}.",
-        f"- Command: `{meta['command']}`" if meta.get("command") else "- Command: (called from Python)",
-        f"- Split: {cfg['split']} (overrides: {cfg['task_splits'] or 'none'}); limit: {cfg['limit'] or 'none'}.",
-        "",
-    ]
+    commands = meta.get("commands") or ([meta["command"]] if meta.get("command") else [])
+    lines = [f"- Date: {meta['date']}. Machine: {meta['machine']}. Model: {meta['model']}, adapters {meta['adapters']}."]
+    if not commands:
+        lines.append("- Command: (called from Python)")
+    elif len(commands) == 1:
+        lines.append(f"- Command: `{commands[0]}`")
+    else:
+        lines += ["- Commands (one report merged with `--resume`; all cells of a task share one setup):",
+                  *(f"  - `{c}`" for c in commands)]
+    lines.append("")
     for task, info in results["tasks"].items():
+        ratios = task_ratios(results, task)
         metric = MAIN_METRIC[task]
         arrow = "higher is better" if HIGHER_IS_BETTER[metric] else "lower is better"
         skipped = ", ".join(f"{n} {reason}" for reason, n in info["skipped"].items()) or "none"
@@ -90,6 +93,11 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def task_ratios(results: dict, task: str) -> list[float]:
+    """The ratios that some system of `task` was run at (runs merged with --resume may differ per task)."""
+    return sorted({r["ratio"] for r in results["results"] if r["task"] == task and r.get("ratio") is not None})
+
+
 def _bleu_by_length(results: dict, ratios: list[float]) -> list[str]:
     rows = [r for r in results["results"] if r["task"] == "autoencoding" and r.get("status") == "ok"]
     lengths = sorted({int(k.split("@")[1]) for r in rows for k in r["metrics"] if k.startswith("bleu@")})
@@ -104,8 +112,10 @@ def _bleu_by_length(results: dict, ratios: list[float]) -> list[str]:
 
 
 def _speed_table(speed: dict) -> list[str]:
-    out = ["### Speed and memory (same run)", "",
-           (f"Device {speed['device']}; documents of {speed['doc_tokens']} tokens; medians of {speed['repeats']} after a "
+    where = (f"Measured on {speed['machine']}, {speed['date']}, by `{speed['command']}`. " if speed.get("command")
+             else "")
+    out = ["### Speed and memory" + ("" if where else " (same run)"), "",
+           where + (f"Device {speed['device']}; documents of {speed['doc_tokens']} tokens; medians of {speed['repeats']} after a "
            f"warm-up; decode latency over {speed['decode_steps'] - 1} tokens."), "",
            ("| documents | r | nuggets | TTFT Full (s) | TTFT nuggets (s) | speed-up | decode Full (ms/tok) | "
            "decode nuggets (ms/tok) | KV docs Full / nuggets | compress (tok/s) | store hit mem / disk (ms) |"),
@@ -137,9 +147,9 @@ def plots(results: dict, out_dir: Path, stem: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     written = []
-    ratios = results["meta"]["config"]["ratios"]
     for task in results["tasks"]:
         metric = MAIN_METRIC[task]
+        ratios = task_ratios(results, task)
         rows = [r for r in results["results"] if r["task"] == task and r.get("status") == "ok"]
         if not rows:
             continue

@@ -6,6 +6,7 @@ import logging
 import platform
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import date
 
 import torch
@@ -13,7 +14,8 @@ from tqdm.auto import tqdm
 
 from ..generation import GenerationSettings, generate
 from ..model import NuggetModel
-from .config import EvalConfig
+from .config import DEFAULT_SYSTEMS, EvalConfig
+from .resume import done, load_previous, merge_previous, save_progress, task_setup
 from .systems import SYSTEMS, Env, Reading, Skipped, System, get_system
 from .systems.base import kept_slots, prompt_ids
 from .systems.peers import close_peers
@@ -62,26 +64,35 @@ def run(cfg: EvalConfig, model: NuggetModel | None = None, full_model: NuggetMod
             "checkpoint": str(cfg.checkpoint) if cfg.checkpoint else None,
             "full_checkpoint": str(cfg.full_checkpoint) if cfg.full_checkpoint else None,
             "adapters": "trained" if cfg.checkpoint else "untrained (no --checkpoint)",
-            "command": cfg.command, "config": cfg.model_dump(mode="json"),
+            "command": cfg.command, "commands": [cfg.command] if cfg.command else [],
+            "config": cfg.model_dump(mode="json"),
         },
         "systems": {s.name: {"label": s.label, "description": s.description, "reimplementation": s.reimplementation,
                              "reference": s.reference, "uses_ratio": s.uses_ratio, "kinds": sorted(s.kinds),
                              "unavailable": s.available(env)} for s in systems},
         "tasks": {name: {"kind": d.kind, "source": d.source, "split": d.split, "examples": len(d.examples),
-                         "examined": d.examined, "skipped": dict(d.skipped), "metric": d.metric}
+                         "examined": d.examined, "skipped": dict(d.skipped), "metric": d.metric,
+                         "setup": task_setup(cfg, d, model)}
                   for name, d in data.items()},
         "results": [],
         "predictions": [],
     }
+    if cfg.resume:
+        previous, predictions = load_previous(cfg)
+        if previous is not None:
+            merge_previous(results, previous, predictions)
     try:
         with torch.inference_mode():
             for task in data.values():
                 for system in systems:
-                    results["results"].extend(evaluate_system(env, system, task, cfg, results["predictions"]))
+                    for row in evaluate_system(env, system, task, cfg, results["predictions"], skip=results):
+                        results["results"] = [r for r in results["results"] if _key(r) != _key(row)] + [row]
+                        save_progress(results, cfg)
             if "speed" in cfg.tasks:
                 from .speed import run_speed
 
-                results["speed"] = run_speed(env, cfg)
+                results["speed"] = {**run_speed(env, cfg), "date": results["meta"]["date"],
+                                    "machine": results["meta"]["machine"], "command": cfg.command}
         if cfg.optimal:
             from .optimal import run_optimal
 
@@ -90,6 +101,8 @@ def run(cfg: EvalConfig, model: NuggetModel | None = None, full_model: NuggetMod
         close_peers(env)
         for s in systems:
             s.close()
+    order = [*DEFAULT_SYSTEMS, *(s for s in SYSTEMS if s not in DEFAULT_SYSTEMS)]
+    results["systems"] = dict(sorted(results["systems"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     if cfg.out_dir is not None:
         from .report import write_outputs
 
@@ -97,22 +110,31 @@ def run(cfg: EvalConfig, model: NuggetModel | None = None, full_model: NuggetMod
     return results
 
 
-def evaluate_system(env: Env, system: System, task: TaskData, cfg: EvalConfig, predictions: list) -> list[dict]:
+def _key(row: dict) -> tuple:
+    return row["task"], row["system"], row["ratio"]
+
+
+def evaluate_system(env: Env, system: System, task: TaskData, cfg: EvalConfig, predictions: list,
+                    skip: dict | None = None) -> Iterator[dict]:
+    """One row per ratio (one for ratio-free systems); cells already done in `skip`'s results are not rerun."""
     base = {"task": task.name, "system": system.name, "label": system.label}
     if task.kind not in system.kinds:
-        return [{**base, "ratio": None, "status": "n/a", "reason": f"{system.name} does not support {task.kind}"}]
+        yield {**base, "ratio": None, "status": "n/a", "reason": f"{system.name} does not support {task.kind}"}
+        return
     reason = system.available(env)
     if reason is not None:
-        return [{**base, "ratio": None, "status": "unavailable", "reason": reason}]
-    rows = []
+        yield {**base, "ratio": None, "status": "unavailable", "reason": reason}
+        return
     for ratio in (cfg.ratios if system.uses_ratio else [None]):
+        if skip is not None and done(skip, task.name, system.name, ratio):
+            log.info("%s %s r=%s: kept from the earlier run", task.name, system.name, ratio)
+            continue
         start = time.perf_counter()
         row = {**base, "ratio": ratio, "status": "ok"}
         row.update(evaluate(env, system, task, ratio, cfg, predictions))
         row["seconds"] = round(time.perf_counter() - start, 2)
-        rows.append(row)
         log.info("%s %s r=%s: %s", task.name, system.name, ratio, row.get("metrics"))
-    return rows
+        yield row
 
 
 def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg: EvalConfig, predictions: list) -> dict:

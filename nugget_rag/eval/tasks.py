@@ -98,7 +98,8 @@ def load_task(name: str, cfg: EvalConfig, model) -> TaskData:
     path = cfg.data_file(name)
     split = cfg.split_for(name)
     tok = model.tokenizer
-    col = _Collector(model, cfg.limit)
+    limit = cfg.limit_for(name)
+    col = _Collector(model, limit)
     if name in ("squad", "hotpotqa"):
         records = read_squad(path, split) if name == "squad" else read_hotpotqa(path, split)
         for rec in records:
@@ -125,11 +126,11 @@ def load_task(name: str, cfg: EvalConfig, model) -> TaskData:
     elif name == "autoencoding":
         per_bucket: Counter = Counter()
         for rec in read_documents(path, split):
-            if cfg.limit is not None and all(per_bucket[L] >= cfg.limit for L in cfg.ae_lengths):
+            if limit is not None and all(per_bucket[L] >= limit for L in cfg.ae_lengths):
                 break
             ids = _ids(tok, rec["text"])
             for length in cfg.ae_lengths:
-                if cfg.limit is not None and per_bucket[length] >= cfg.limit:
+                if limit is not None and per_bucket[length] >= limit:
                     continue
                 if len(ids) < length:
                     col.skip(f"text shorter than {length} tokens")

@@ -1,0 +1,106 @@
+"""Resumable runs: save results after every (task, system, ratio) cell and reuse the cells of an earlier run.
+
+A cell is reused only when its task's *setup* is the same: data file, split, limit, the examples' ids, the
+checkpoints, base model, device type, dtype, batch size and the task's generation settings. A run of other tasks,
+systems or ratios under the same name adds its cells to the same report (`commands` lists every contributing run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from .config import EvalConfig
+from .tasks import TaskData
+
+log = logging.getLogger(__name__)
+
+
+def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
+    """Everything a task's scores depend on besides the system and the ratio."""
+    ids = hashlib.sha256("\n".join(e.id for e in task.examples).encode()).hexdigest()[:16]
+    setup = {
+        "source": str(task.source), "split": task.split, "limit": cfg.limit_for(task.name),
+        "examples": len(task.examples), "example_ids_sha256": ids,
+        "checkpoint": str(cfg.checkpoint) if cfg.checkpoint else None,
+        "full_checkpoint": str(cfg.full_checkpoint) if cfg.full_checkpoint else None,
+        "base_model": model.base_name, "device": model.device.type, "dtype": str(model.dtype).replace("torch.", ""),
+        "batch_size": cfg.batch_size,
+    }
+    if task.kind == "qa":
+        setup["max_new_tokens"] = cfg.qa_max_new_tokens
+    elif task.kind == "summarization":
+        setup["max_new_tokens"] = cfg.summary_max_new_tokens
+    elif task.kind == "autoencoding":
+        setup.update(ae_lengths=list(cfg.ae_lengths), ae_max_new_tokens=cfg.ae_max_new_tokens)
+    elif task.kind == "lm":
+        setup["lm"] = cfg.lm.model_dump()
+    return setup
+
+
+def paths(cfg: EvalConfig) -> tuple[Path, Path]:
+    out = Path(cfg.out_dir)
+    return out / f"{cfg.name}.json", out / f"{cfg.name}-predictions.jsonl"
+
+
+def load_previous(cfg: EvalConfig) -> tuple[dict | None, list[dict]]:
+    """The earlier run's results and predictions (None when there is none)."""
+    results_path, predictions_path = paths(cfg)
+    if not results_path.exists():
+        log.info("--resume: no earlier results at %s; starting afresh", results_path)
+        return None, []
+    previous = json.loads(results_path.read_text())
+    predictions = []
+    if predictions_path.exists():
+        predictions = [json.loads(line) for line in predictions_path.read_text().splitlines() if line.strip()]
+    return previous, predictions
+
+
+def merge_previous(results: dict, previous: dict, predictions: list[dict]) -> None:
+    """Carry the earlier run's tasks, systems, cells, speed and commands into `results` (in place).
+
+    For a task of this run whose setup differs from the earlier one, the earlier cells are dropped (logged).
+    """
+    dropped = set()
+    for name, info in previous.get("tasks", {}).items():
+        current = results["tasks"].get(name)
+        if current is None:
+            results["tasks"][name] = info
+        elif info.get("setup") != current["setup"]:
+            dropped.add(name)
+            log.warning("--resume: task %s was run with another setup; its earlier cells are recomputed "
+                        "(earlier %s, now %s)", name, info.get("setup"), current["setup"])
+    for name, info in previous.get("systems", {}).items():
+        results["systems"].setdefault(name, info)
+    results["results"] = [r for r in previous.get("results", []) if r["task"] not in dropped and r["status"] == "ok"]
+    results["predictions"] = [p for p in predictions if p["task"] not in dropped]
+    commands = previous["meta"].get("commands") or [previous["meta"].get("command", "")]
+    results["meta"]["commands"] = [c for c in commands if c] + results["meta"]["commands"]
+    for key in ("speed", "optimal"):
+        if key in previous:
+            results[key] = previous[key]
+
+
+def done(results: dict, task: str, system: str, ratio: float | None) -> bool:
+    return any(r["task"] == task and r["system"] == system and r["ratio"] == ratio and r["status"] == "ok"
+               for r in results["results"])
+
+
+def save_progress(results: dict, cfg: EvalConfig) -> None:
+    """Write the results so far (JSON and predictions), atomically, so that a stopped run can be resumed."""
+    if cfg.out_dir is None:
+        return
+    results_path, predictions_path = paths(cfg)
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    body = {k: v for k, v in results.items() if k != "predictions"}
+    _atomic_write(results_path, json.dumps(body, indent=2, default=str))
+    _atomic_write(predictions_path, "".join(json.dumps(p) + "\n" for p in results["predictions"]))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
