@@ -53,7 +53,7 @@ def _nll(model, keys, values, selections: list[list[int]], tail: list[int], targ
 def run_optimal(env: Env, cfg) -> dict:
     model = env.model
     ratio = cfg.ratios[len(cfg.ratios) // 2]
-    small = cfg.model_copy(update={"limit": cfg.optimal_examples, "lm": cfg.optimal_lm})
+    small = cfg.model_copy(update={"limit": cfg.optimal_examples, "task_limits": {}, "lm": cfg.optimal_lm})
     task = load_task("lm", small, model)
     replaced = total = 0
     nll_before = nll_after = 0.0
