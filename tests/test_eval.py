@@ -241,6 +241,12 @@ def test_resume_keeps_matching_cells_and_merges_other_tasks(model, data_dir, tmp
     saved = json.loads((out / "eval.json").read_text())
     assert saved["tasks"]["squad"]["examples"] == 2 and saved["tasks"]["lm"]["examples"] == 1
     assert len([r for r in saved["results"] if r["task"] == "lm"]) == 3
+    run(second.model_copy(update={"tasks": ["lm"], "systems": ["kvpress_observed_attention"], "command": "n/a"}),
+        model=model)  # a system that cannot run a task: its row is carried by later runs of other tasks too
+    run(second.model_copy(update={"tasks": ["squad"], "command": "fourth"}), model=model)
+    saved = json.loads((out / "eval.json").read_text())
+    assert [(r["system"], r["status"]) for r in saved["results"] if r["task"] == "lm"] == [
+        ("full", "ok"), ("nugget", "ok"), ("nugget", "ok"), ("kvpress_observed_attention", "n/a")]
 
     def stop(env, system, task, ratio, *a):  # a run that dies in its second cell
         if calls:

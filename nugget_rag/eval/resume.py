@@ -64,6 +64,7 @@ def merge_previous(results: dict, previous: dict, predictions: list[dict]) -> No
 
     For a task of this run whose setup differs from the earlier one, the earlier cells are dropped (logged).
     """
+    running = set(results["tasks"])  # their n/a and unavailable rows are produced again by this run
     dropped = set()
     for name, info in previous.get("tasks", {}).items():
         current = results["tasks"].get(name)
@@ -75,7 +76,8 @@ def merge_previous(results: dict, previous: dict, predictions: list[dict]) -> No
                         "(earlier %s, now %s)", name, info.get("setup"), current["setup"])
     for name, info in previous.get("systems", {}).items():
         results["systems"].setdefault(name, info)
-    results["results"] = [r for r in previous.get("results", []) if r["task"] not in dropped and r["status"] == "ok"]
+    results["results"] = [r for r in previous.get("results", []) if r["task"] not in dropped
+                          and (r["status"] == "ok" or r["task"] not in running)]
     results["predictions"] = [p for p in predictions if p["task"] not in dropped]
     commands = previous["meta"].get("commands") or [previous["meta"].get("command", "")]
     results["meta"]["commands"] = [c for c in commands if c] + results["meta"]["commands"]
