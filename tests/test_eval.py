@@ -108,6 +108,8 @@ def test_outputs_json_markdown_plots_and_benchmarks_section(model, data_dir, tmp
     md = (tmp_path / "out" / "eval.md").read_text()
     assert "### squad: accuracy" in md and "| r = 4 | r = 8 |" in md and "BLEU by input length" in md
     assert "Speed and memory" in md and "greedy-optimal" in md
+    assert "### cnndm: ROUGE-1 / ROUGE-2 / ROUGE-L F1" in md
+    assert md.index("### autoencoding") < md.index("### squad") < md.index("### cnndm") < md.index("### lm")
     for plot in results["files"]["plots"]:
         assert Path(plot).stat().st_size > 1000
     assert any(p.endswith("bleu-vs-length.png") for p in results["files"]["plots"])

@@ -23,8 +23,10 @@ def _fmt(value, digits: int = 1) -> str:
 def _cell(row: dict, metric: str) -> str:
     if row.get("status") != "ok":
         return row.get("status", "-")
-    value = row["metrics"].get(metric)
-    text = _fmt(value, 2 if metric == "perplexity" else 1)
+    if metric == "rougeL":  # summarisation: ROUGE-1 / ROUGE-2 / ROUGE-L
+        text = "/".join(_fmt(row["metrics"].get(m)) for m in ("rouge1", "rouge2", "rougeL"))
+    else:
+        text = _fmt(row["metrics"].get(metric), 2 if metric == "perplexity" else 1)
     notes = []
     if row["scored"] < row["examples"]:
         notes.append(f"{row['examples'] - row['scored']} skipped")
@@ -52,7 +54,8 @@ def markdown(results: dict) -> str:
         metric = MAIN_METRIC[task]
         arrow = "higher is better" if HIGHER_IS_BETTER[metric] else "lower is better"
         skipped = ", ".join(f"{n} {reason}" for reason, n in info["skipped"].items()) or "none"
-        lines += [f"### {task}: {metric} ({arrow})", "",
+        shown = "ROUGE-1 / ROUGE-2 / ROUGE-L F1" if metric == "rougeL" else metric
+        lines += [f"### {task}: {shown} ({arrow})", "",
                   (f"{info['examples']} examples from `{Path(info['source']).name}` (split {info['split']}); "
                   f"skipped before any system ran: {skipped}."), ""]
         header = "| system | uncompressed | " + " | ".join(f"r = {r:g}" for r in ratios) + " | achieved r |"
