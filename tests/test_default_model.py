@@ -7,7 +7,6 @@ from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore
 from nugget_rag.base_model import DEFAULT_MODEL_NAME, load_base_model
-from nugget_rag.model import NuggetModel
 
 pytestmark = pytest.mark.integration
 

@@ -3,16 +3,15 @@
 import asyncio
 
 import pytest
-import torch
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_tests.unit_tests import ChatModelUnitTests
+from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
 from nugget_rag.compressor import METADATA_KEY
-from tiny import tiny_base
 
 TEXTS = ["Paris is the capital of France.", "Berlin is the capital of Germany, on the Spree."]
 

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 from safetensors import safe_open
+from tiny import tiny_base
 
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.generation import GenerationSettings, generate
 from nugget_rag.model import WEIGHTS_FILE, NuggetModel
-from tiny import tiny_base
 
 DOC = "The quick brown fox jumps over the lazy dog, then naps."
 DOC2 = "Paris is the capital of France."
@@ -249,7 +249,6 @@ def test_bad_inputs_get_clear_errors(make_model, doc_ids):
 
 def test_long_documents_are_compressed_in_segments_that_compose(make_model, doc_ids):
     model = make_model(ratio=1)
-    reference = tiny_base().model
     doc, prompt = doc_ids(DOC + " " + DOC2), doc_ids(PROMPT)
     with torch.no_grad():
         whole = model.compress([doc], adapter=None)[0]

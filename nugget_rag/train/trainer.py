@@ -7,8 +7,8 @@ import json
 import logging
 import math
 import time
-from contextlib import nullcontext
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
