@@ -92,7 +92,9 @@ def markdown(results: dict) -> str:
     lines += [("Labels: *re-impl.* = a re-implementation of the peer's method in this harness (not the peer's code); "
               "*peer* = the peer's own package; *reference* = query-aware, cannot be cached across questions. "
               "Cells: the metric over the examples scored; skipped and empty outputs are counted in brackets "
-              "(an empty output is scored as given: wrong, or 0). Achieved r = document tokens / kept slots."), ""]
+              "(an empty output is scored as given: wrong, or 0). Achieved r = document tokens / kept slots. "
+              "In the plots, nugget-rag is the thick black line; a dotted line marks a system whose achieved r "
+              "is below 0.8 r."), ""]
     return "\n".join(lines)
 
 
@@ -143,6 +145,9 @@ def _speed_table(speed: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------ plots
+UNDER_BUDGET = 0.8  # achieved r below this fraction of the asked r: the plot marks the system
+
+
 def plots(results: dict, out_dir: Path, stem: str) -> list[str]:
     import matplotlib
 
@@ -165,8 +170,13 @@ def plots(results: dict, out_dir: Path, stem: str) -> list[str]:
                 continue
             if info["uses_ratio"]:
                 mine.sort(key=lambda r: r["ratio"])
-                ax.plot([r["ratio"] for r in mine], [r["metrics"][metric] for r in mine], marker="o", color=color,
-                        label=info["label"])
+                ours = name == "nugget"
+                # a system that keeps far more than 1/r is drawn dotted: its points are not at the ratio on the axis
+                short = any((r.get("achieved_ratio") or r["ratio"]) < UNDER_BUDGET * r["ratio"] for r in mine)
+                label = info["label"] + (" [achieved r below r]" if short else "")
+                ax.plot([r["ratio"] for r in mine], [r["metrics"][metric] for r in mine], marker="o",
+                        color="black" if ours else color, linewidth=2.5 if ours else 1.5,
+                        linestyle=":" if short else "-", label=label, zorder=3 if ours else 2)
             else:
                 ax.axhline(mine[0]["metrics"][metric], linestyle="--", linewidth=1, color=color, label=info["label"])
         ax.set_xscale("log")
