@@ -44,6 +44,7 @@ def config(data_dir: Path, out_dir: Path | None, **overrides) -> EvalConfig:
         "ae_lengths": [70], "ae_max_new_tokens": 8, "lm": {"history": 40, "context": 10, "target": 10},
         "qa_max_new_tokens": 6, "summary_max_new_tokens": 6, "batch_size": 2, "out_dir": out_dir, "progress": False,
         "plots": False, "speed": {"documents": [1, 2], "doc_tokens": 40, "repeats": 1, "decode_steps": 3},
+        "checkpoint": None,
     }
     values.update(overrides)
     return EvalConfig(**values)
@@ -294,6 +295,21 @@ def test_cli_eval_errors_exit_2(tiny_eval_cli, data_dir, tmp_path, capsys):
     assert cli.main(["eval", "--data-dir", str(tmp_path / "nowhere"), "-q", "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "not found" in err and "Traceback" not in err
+
+
+def test_cli_eval_checkpoint_defaults_to_the_shipped_one(monkeypatch, model, data_dir, tmp_path):
+    """Like the rest of the CLI: no --checkpoint reads the shipped adapters, 'none' untrained ones."""
+    seen = []
+    monkeypatch.setattr(eval_runner, "load_models", lambda cfg: (seen.append(cfg), (model, None, None))[1])
+    common = ["eval", "--tasks", "squad", "--systems", "nodoc", "--data-dir", str(data_dir), "--limit", "1",
+              "--out-dir", str(tmp_path), "-q"]
+    assert cli.main([*common, "--name", "shipped"]) == 0
+    assert cli.main([*common, "--name", "untrained", "--checkpoint", "none"]) == 0
+    assert [cfg.checkpoint for cfg in seen] == ["default", None]
+    shipped = json.loads((tmp_path / "shipped.json").read_text())["meta"]
+    untrained = json.loads((tmp_path / "untrained.json").read_text())["meta"]
+    assert shipped["adapters"] == "trained" and shipped["checkpoint"] == "default (smollm2-135m-instruct-r10)"
+    assert untrained["adapters"] == "untrained" and untrained["checkpoint"] is None
 
 
 def test_checkpoints_load_for_nugget_and_full_finetuned(peer_base, data_dir, tmp_path):

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..cli import add_checkpoint_option
 from .config import DEFAULT_SYSTEMS, TASKS, EvalConfig
 
 
@@ -48,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, metavar="N", help="at most N examples per task (autoencoding: per length)")
     parser.add_argument("--task-limit", type=_pair, action="append", default=[], metavar="TASK=N",
                         help="a task's own limit, e.g. cnndm=30 (overrides --limit)")
-    parser.add_argument("--checkpoint", type=Path, help="nugget checkpoint (default: untrained adapters)")
+    add_checkpoint_option(parser)
     parser.add_argument("--full-checkpoint", type=Path, help="full-context fine-tuned decoder adapter checkpoint")
     parser.add_argument("--base-model", type=Path, help="base LLaMA directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")

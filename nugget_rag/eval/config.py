@@ -54,7 +54,9 @@ class EvalConfig(BaseModel):
     data: dict[str, Path] = Field(default_factory=dict, description="Per-task data files (default: DEFAULT_FILES in data_dir).")
     limit: int | None = Field(None, ge=1, description="At most this many examples per task.")
     task_limits: dict[str, int] = Field(default_factory=dict, description="Per-task limits, e.g. {'cnndm': 30}.")
-    checkpoint: Path | None = None
+    checkpoint: Path | Literal["default"] | None = Field(
+        "default", description="Nugget checkpoint; 'default': the one shipped for the default model (untrained on "
+                               "another base model); None: untrained adapters.")
     full_checkpoint: Path | None = None
     base_model: Path | None = None
     device: str | None = None

@@ -13,10 +13,19 @@ import logging
 import os
 from pathlib import Path
 
+from ..model import DEFAULT_CHECKPOINT, default_checkpoint_for
 from .config import EvalConfig
 from .tasks import TaskData
 
 log = logging.getLogger(__name__)
+
+
+def checkpoint_name(cfg: EvalConfig) -> str | None:
+    """The nugget checkpoint as recorded in results: a path, or None for untrained adapters."""
+    if cfg.checkpoint == DEFAULT_CHECKPOINT:
+        shipped = default_checkpoint_for(cfg.base_model)
+        return f"{DEFAULT_CHECKPOINT} ({shipped.name})" if shipped is not None else None
+    return str(cfg.checkpoint) if cfg.checkpoint is not None else None
 
 
 def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
@@ -25,7 +34,7 @@ def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
     setup = {
         "source": str(task.source), "split": task.split, "limit": cfg.limit_for(task.name),
         "examples": len(task.examples), "example_ids_sha256": ids,
-        "checkpoint": str(cfg.checkpoint) if cfg.checkpoint else None,
+        "checkpoint": checkpoint_name(cfg),
         "full_checkpoint": str(cfg.full_checkpoint) if cfg.full_checkpoint else None,
         "base_model": model.base_name, "device": model.device.type, "dtype": str(model.dtype).replace("torch.", ""),
         "batch_size": cfg.batch_size,

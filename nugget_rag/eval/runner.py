@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from ..generation import GenerationSettings, generate
 from ..model import NuggetModel
 from .config import DEFAULT_SYSTEMS, TASKS, EvalConfig
-from .resume import done, load_previous, merge_previous, save_progress, task_setup
+from .resume import checkpoint_name, done, load_previous, merge_previous, save_progress, task_setup
 from .systems import SYSTEMS, Env, Reading, Skipped, System, get_system
 from .systems.base import kept_slots, prompt_ids
 from .systems.peers import close_peers
@@ -61,9 +61,9 @@ def run(cfg: EvalConfig, model: NuggetModel | None = None, full_model: NuggetMod
     results: dict = {
         "meta": {
             "date": date.today().isoformat(), "machine": machine_description(model), "model": model.base_name,
-            "checkpoint": str(cfg.checkpoint) if cfg.checkpoint else None,
+            "checkpoint": checkpoint_name(cfg),
             "full_checkpoint": str(cfg.full_checkpoint) if cfg.full_checkpoint else None,
-            "adapters": "trained" if cfg.checkpoint else "untrained (no --checkpoint)",
+            "adapters": "trained" if checkpoint_name(cfg) else "untrained",
             "command": cfg.command, "commands": [cfg.command] if cfg.command else [],
             "config": cfg.model_dump(mode="json"),
         },
