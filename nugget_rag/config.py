@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -25,6 +26,9 @@ class LoraSettings(BaseModel):
     )
 
 
+LEGACY_PLACEMENT = "before_prompt"  # what a checkpoint without a `placement` key was trained with
+
+
 class NuggetConfig(BaseModel):
     """How a document is compressed into nuggets and read back (paper Sec. 2.3 and App. B)."""
 
@@ -39,6 +43,12 @@ class NuggetConfig(BaseModel):
     )
     scorer_hidden: int | None = Field(
         None, ge=1, description="Hidden width of the Scorer's 2-layer FFN (default: the model's hidden size)."
+    )
+    placement: Literal["in_user_turn", "before_prompt"] = Field(
+        "in_user_turn",
+        description="Where the decoder reads the nuggets of a chat prompt: in_user_turn, in the place of the documents' "
+        "text in Full's prompt (after the chat template's opening, which the decoder runs first); before_prompt, "
+        "ahead of the whole prompt (checkpoints written before this field existed).",
     )
     soft_prompt_tokens: int = Field(
         1, ge=0, description="Trainable soft tokens put before the decoder's text in autoencoding."

@@ -81,11 +81,13 @@ def stream_generate(
     settings: GenerationSettings | None = None,
     soft_prompt: bool = False,
     adapter: str | None = DECODER,
+    prefixes: Sequence[Sequence[int] | None] | None = None,
 ) -> Iterator[list[str]]:
     """Yield, step by step, the new text of each row ('' when a row has nothing new or is finished).
 
-    Each row reads the nuggets of its documents, then its prompt tokens (left-padded in the batch). The prompt is
-    run once; every later step feeds one token per row against the cached keys/values.
+    Each row reads its prompt prefix (`NuggetModel.chat_prompt`; None: the document opening), the nuggets of its documents, then its
+    prompt tokens (left-padded in the batch). The prompt is run once; every later step feeds one token per row
+    against the cached keys/values.
     """
     settings = settings or GenerationSettings()
     if len(samples) != len(prompts):
@@ -93,7 +95,7 @@ def stream_generate(
     if any(len(p) == 0 for p in prompts) and not (soft_prompt and model.soft_prompt.shape[0]):
         raise ValueError("every prompt needs at least one token (an empty one only after the soft prompt)")
     input_ids, token_mask = model._pad(prompts, left=True)
-    layout = model.layout(samples)
+    layout = model.layout(samples, prefixes, adapter)
     embeds, token_mask = model.embed(input_ids, token_mask, soft_prompt)
     model.check_positions(int(layout.counts.max()), embeds.shape[1] + 1)
     budget = model.max_positions - int(layout.counts.max()) - embeds.shape[1]
@@ -137,10 +139,11 @@ def generate(
     settings: GenerationSettings | None = None,
     soft_prompt: bool = False,
     adapter: str | None = DECODER,
+    prefixes: Sequence[Sequence[int] | None] | None = None,
 ) -> list[str]:
     """The generated text of each row."""
     texts = [""] * len(prompts)
-    for pieces in stream_generate(model, samples, prompts, settings, soft_prompt, adapter):
+    for pieces in stream_generate(model, samples, prompts, settings, soft_prompt, adapter, prefixes):
         texts = [t + p for t, p in zip(texts, pieces)]
     return texts
 

@@ -31,7 +31,9 @@ class NuggetLLM(BaseChatModel):
       ``.bind(documents=d)``), or carried in a human message's ``additional_kwargs["documents"]``;
     - no documents at all: a plain chat model.
     With documents, the last human message is rendered through `prompt_template` (default: the paper's QA prompt,
-    Appendix D), and the decoder reads ``[nuggets of each document, in order] [chat-formatted prompt]``.
+    Appendix D), and the decoder reads the chat-formatted prompt with the nuggets of each document, in order, where
+    Full's prompt has the documents' text: at the start of that message (`NuggetConfig.placement`; checkpoints
+    trained before the setting existed read them ahead of the whole prompt).
     Documents already compressed by a NuggetCompressor are read from its store; others are compressed on the fly.
     The answer's ``response_metadata["sources"]`` lists each document's metadata (without nugget details).
     """
@@ -85,7 +87,8 @@ class NuggetLLM(BaseChatModel):
                 docs.append(item if isinstance(item, Document) else Document(**item))
         return [d for d in docs if d.page_content.strip()]
 
-    def _prompt_ids(self, messages: Sequence[BaseMessage], with_documents: bool) -> list[int]:
+    def _prompt_ids(self, messages: Sequence[BaseMessage], with_documents: bool) -> tuple[list[int], list[int]]:
+        """The decoder's token ids before and after the documents' nuggets (NuggetModel.chat_prompt)."""
         chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
         if self.system_prompt and not any(m["role"] == "system" for m in chat):
             chat.insert(0, {"role": "system", "content": self.system_prompt})
@@ -95,7 +98,8 @@ class NuggetLLM(BaseChatModel):
             if last is None:
                 raise ValueError("with documents, the input needs a human message holding the question")
             chat[last] = {"role": "user", "content": render_instruction(self.prompt_template, chat[last]["content"])}
-        return chat_token_ids(self.compressor.model.tokenizer, chat)
+            return self.compressor.model.chat_prompt(chat)
+        return [], chat_token_ids(self.compressor.model.tokenizer, chat)
 
     # ------------------------------------------------------------------ generation
     def _stream(
@@ -111,7 +115,7 @@ class NuggetLLM(BaseChatModel):
             raise ValueError(f"this NuggetLLM serves {self.compressor.model.base_name!r}, not model={model_name!r}")
         docs = self._documents(messages, documents)
         states = self.compressor.states(docs)
-        prompt = self._prompt_ids(messages, with_documents=bool(docs))
+        prefix, prompt = self._prompt_ids(messages, with_documents=bool(docs))
         settings = GenerationSettings(
             max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
             temperature=kwargs.get("temperature", self.temperature),
@@ -119,7 +123,7 @@ class NuggetLLM(BaseChatModel):
             stop=list(stop or self.stop or []),
             seed=kwargs.get("seed", self.seed),
         )
-        for pieces in stream_generate(self.compressor.model, [states], [prompt], settings):
+        for pieces in stream_generate(self.compressor.model, [states], [prompt], settings, prefixes=[prefix]):
             if pieces[0]:
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=pieces[0]))
                 if run_manager:

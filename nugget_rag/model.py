@@ -4,12 +4,15 @@ Data flow: token ids -> Scorer over the frozen model's early layers -> top-k pos
 records every layer's key/value states there (NuggetState) -> decoder pass whose tokens attend to the
 nuggets of any number of documents and to themselves.
 
-Position scheme (one function, `layout`, serves training and inference): a document is encoded alone at
-positions 0..n-1. When documents are read, their nuggets are renumbered in the order given, 0..K-1 over all
-documents (each key's rotary phase is shifted to its new position, an exact rotation), and the decoder's
-tokens follow at K, K+1, ... So documents compose in any number and order, and the position budget is spent
-on nuggets, not on the original tokens. With r = 1 and one document this is exactly the base model reading
-the document followed by the prompt.
+Position scheme (one function, `layout`, serves training and inference): a document is encoded alone, after
+the document opening (with the default `placement="in_user_turn"`, the chat template up to the user's text,
+where Full's prompt has the documents; nothing otherwise), and stored at positions 0..n-1. When documents are
+read, the decoder first runs the prompt's prefix (by default that opening; h tokens) at 0..h-1; the nuggets
+follow, renumbered in the order given, h..h+K-1 over all
+documents (each key's rotary phase is shifted to its new position, an exact rotation), then the rest of the
+prompt at h+K, h+K+1, ... So documents compose in any number and order, and the position budget is spent on
+nuggets, not on the original tokens. With r = 1, one document and adapters off this is exactly the base model
+reading Full's prompt (opening, document, rest of the prompt).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import ATTENTION_NAME, CaptureNuggets, ReadNuggets, rotate_keys
 from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
-from .config import DECODER, ENCODER, NuggetConfig
+from .config import DECODER, ENCODER, LEGACY_PLACEMENT, NuggetConfig
+from .prompts import prompt_around_documents
 from .scorer import Scorer, select_nuggets
 from .state import NuggetState
 
@@ -97,6 +101,9 @@ class NuggetModel(nn.Module):
         self.scorer.to(param.device, param.dtype)
         self.soft_prompt.data = self.soft_prompt.data.to(param.device, param.dtype)
         self._tuner_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
+        # Under in_user_turn, documents are encoded (and their nuggets read) after the chat template's opening,
+        # as Full's prompt has them; the key/values of a document at r = 1 are then exactly Full's.
+        self.document_opening: list[int] = self.chat_prompt([{"role": "user", "content": ""}])[0]
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
         self._fingerprint_cache: tuple[tuple | None, str] = (None, "")
@@ -185,7 +192,8 @@ class NuggetModel(nn.Module):
         stamp = (ratio, str(self.dtype), tuple((id(p), p.data_ptr(), p._version) for _, p in named))
         if self._fingerprint_cache[0] != stamp:
             h = hashlib.sha256()
-            h.update(json.dumps([self._base_digest, ratio, self.config.scorer_layer, str(self.dtype)]).encode())
+            identity = [self._base_digest, ratio, self.config.scorer_layer, str(self.dtype)]
+            h.update(json.dumps(identity + ([self.document_opening] if self.document_opening else [])).encode())
             for name, p in named:
                 h.update(name.encode())
                 h.update(p.detach().float().cpu().numpy().tobytes())
@@ -223,13 +231,14 @@ class NuggetModel(nn.Module):
     ) -> list[NuggetState]:
         """Encode each document (a list of token ids) into its nuggets, in one right-padded batch.
 
-        A document longer than `segment_tokens` (default: the model's positions) is cut into segments that are
+        A document longer than `segment_tokens` (default: the model's positions less the document opening) is cut into segments that are
         compressed independently and joined into one state (each segment keeps its own last token).
         """
         ratio = self.config.ratio if ratio is None else NuggetConfig(ratio=ratio).ratio
         if segment_tokens is not None and segment_tokens < 1:
             raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
-        segment_tokens = min(segment_tokens or self.max_positions, self.max_positions)
+        room = self.max_positions - len(self.document_opening)
+        segment_tokens = min(segment_tokens or room, room)
         if not token_ids or min(len(t) for t in token_ids) == 0:
             raise ValueError("every document must have at least one token")
         pieces, owners = [], []
@@ -244,17 +253,30 @@ class NuggetModel(nn.Module):
             joined[doc].append((start, state))
         return [parts[0][1] if len(parts) == 1 else self._join_segments(parts) for parts in joined]
 
+    def encoder_input(self, token_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
+        """Right-padded ids of each document after the document opening, and the opening's length h."""
+        opening = self.document_opening
+        return self._pad([opening + list(t) for t in token_ids])[0], len(opening)
+
+    def to_document_positions(self, keys: torch.Tensor, opening: int) -> torch.Tensor:
+        """Keys ([..., k, head_dim]) encoded after an opening of that many tokens, moved to positions from 0."""
+        if not opening:
+            return keys
+        shift = torch.full((keys.shape[-2],), -opening, device=keys.device)
+        return rotate_keys(keys, shift, self.llama.model.rotary_emb.inv_freq)
+
     def _compress_segments(self, token_ids: list[list[int]], ratio: float, adapter: str | None) -> list[NuggetState]:
         lengths = [len(t) for t in token_ids]
-        input_ids, _ = self._pad(token_ids)
-        scores = self.score(input_ids)
+        input_ids, opening = self.encoder_input(token_ids)
+        scores = self.score(input_ids)[:, opening:]
         chosen = select_nuggets(scores, lengths, ratio)
         width = max(len(c) for c in chosen)
         padded = torch.stack([F.pad(c, (0, width - len(c)), value=int(c[-1])) for c in chosen])
-        capture = CaptureNuggets(padded)
+        capture = CaptureNuggets(padded + opening)
         with self.use_adapter(adapter):
             self.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
         keys, values = capture.stacked()
+        keys = self.to_document_positions(keys, opening)
         fingerprint = self.fingerprint(ratio)
         states = []
         for b, (positions, n) in enumerate(zip(chosen, lengths)):
@@ -281,8 +303,48 @@ class NuggetModel(nn.Module):
         )
 
     # ------------------------------------------------------------------ decoder side
-    def layout(self, samples: Sequence[Sequence[NuggetState]]) -> NuggetLayout:
-        """Compose each sample's documents in order: nugget j of the sample moves to position j."""
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[int]]:
+        """The decoder's token ids before and after the nuggets, for a chat whose last user turn asks about them."""
+        return prompt_around_documents(self.tokenizer, messages, self.config.placement == "in_user_turn")
+
+    def prefix_states(self, prefixes: Sequence[Sequence[int]], adapter: str | None = DECODER) -> list[NuggetState | None]:
+        """Every layer's key/value states of each prompt prefix as the decoder computes them (positions 0..h-1).
+
+        None for an empty prefix; equal prefixes run once. Under autograd the states carry the adapter's gradient.
+        """
+        unique = list(dict.fromkeys(tuple(p) for p in prefixes if len(p)))
+        if not unique:
+            return [None] * len(prefixes)
+        input_ids, _ = self._pad(unique)
+        lengths = [len(u) for u in unique]
+        steps = torch.arange(max(lengths), device=self.device)
+        capture = CaptureNuggets(torch.stack([steps.clamp(max=n - 1) for n in lengths]))
+        with self.lock, self.use_adapter(adapter):
+            self.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
+        keys, values = capture.stacked()
+        states = {
+            u: NuggetState(keys[:, b, :, :n], values[:, b, :, :n], steps[:n], torch.zeros(n, device=self.device),
+                           self.tokenizer.convert_ids_to_tokens(list(u)), n, "prompt-prefix")
+            for b, (u, n) in enumerate(zip(unique, lengths))
+        }
+        return [states[tuple(p)] if len(p) else None for p in prefixes]
+
+    def layout(
+        self,
+        samples: Sequence[Sequence[NuggetState]],
+        prefixes: Sequence[Sequence[int] | None] | None = None,
+        adapter: str | None = DECODER,
+    ) -> NuggetLayout:
+        """Compose each sample's prompt prefix and documents in order, at positions 0, 1, ...
+
+        A prefix of None (the default) is the document opening for a sample with documents, else nothing.
+        """
+        prefixes = [None] * len(samples) if prefixes is None else prefixes
+        if len(prefixes) != len(samples):
+            raise ValueError(f"got {len(prefixes)} prompt prefixes for {len(samples)} samples")
+        wanted = [(self.document_opening if docs else []) if p is None else p for p, docs in zip(prefixes, samples)]
+        heads = self.prefix_states(wanted, adapter)
+        samples = [docs if head is None else [head, *docs] for head, docs in zip(heads, samples)]
         rows = [self._compose(docs) for docs in samples]
         width = max(1, max(keys.shape[2] for keys, _, _ in rows))
         return NuggetLayout(
@@ -334,15 +396,16 @@ class NuggetModel(nn.Module):
         soft_prompt: bool = False,
         adapter: str | None = DECODER,
         return_logits: bool = True,
+        prefixes: Sequence[Sequence[int] | None] | None = None,
     ) -> DecoderOutput:
-        """Decoder pass over `input_ids` after the nuggets of each sample's documents (and the soft prompt).
+        """Decoder pass over `input_ids` after each sample's prompt prefix, its documents' nuggets (and the soft prompt).
 
         `labels` align with `input_ids` (-100 = ignored); the loss predicts each label from everything before it
         (with the soft prompt, the first token too). Logits (over `input_ids`) are left out with return_logits=False,
         and the loss then runs the output layer only where there are labels.
         """
         token_mask = torch.ones_like(input_ids, dtype=torch.bool) if token_mask is None else token_mask.bool()
-        layout = self.layout(samples)
+        layout = self.layout(samples, prefixes, adapter)
         embeds, full_mask = self.embed(input_ids, token_mask, soft_prompt)
         self.check_positions(int(layout.counts.max()), embeds.shape[1])
         positions = layout.counts[:, None] + full_mask.long().cumsum(1) - 1
@@ -422,7 +485,7 @@ class NuggetModel(nn.Module):
             directory = default_checkpoint_for(base_model)
         meta = read_checkpoint_meta(directory) if directory is not None else None
         if config is None:
-            config = NuggetConfig.model_validate(meta["config"]) if meta else NuggetConfig()
+            config = checkpoint_config(directory) if meta else NuggetConfig()
         if not isinstance(base_model, BaseLM):
             if base_model is None and meta and meta["base_model"] != DEFAULT_MODEL_NAME:
                 raise ValueError(
@@ -443,6 +506,11 @@ def default_checkpoint_for(base_model: str | Path | BaseLM | None) -> Path | Non
     else:  # a directory of that name may hold other weights: load_parts compares the base digest
         name = base_model.name if isinstance(base_model, BaseLM) else Path(base_model).name
     return SHIPPED_CHECKPOINT if name == DEFAULT_MODEL_NAME and SHIPPED_CHECKPOINT.is_dir() else None
+
+
+def checkpoint_config(directory: str | Path) -> NuggetConfig:
+    """The nugget settings a checkpoint was trained with (one without `placement` predates it: before_prompt)."""
+    return NuggetConfig.model_validate({"placement": LEGACY_PLACEMENT, **read_checkpoint_meta(directory)["config"]})
 
 
 def read_checkpoint_meta(directory: str | Path) -> dict:

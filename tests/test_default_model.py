@@ -78,3 +78,15 @@ def test_the_shipped_checkpoint_is_loaded_by_default(compressor):
     for adapter in ("encoder", "decoder"):
         lora_b = [p for n, p in model.peft.named_parameters() if f"lora_B.{adapter}" in n]
         assert lora_b and any(p.abs().sum() > 0 for p in lora_b), adapter
+
+
+def test_nuggets_in_the_user_turn_take_the_documents_place_in_fulls_prompt(compressor):
+    """With SmolLM2's template (a default system turn): opening + document + rest is Full's prompt, token for token."""
+    from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages, prompt_around_documents
+
+    tok = compressor.model.tokenizer
+    instruction = QA_PROMPT.format(question="When was it completed?")
+    before, after = prompt_around_documents(tok, [{"role": "user", "content": instruction}], in_user_turn=True)
+    document = tok(DOCS[1].page_content, add_special_tokens=False)["input_ids"]
+    assert before + document + after == chat_token_ids(tok, full_context_messages([DOCS[1].page_content], instruction))
+    assert compressor.model.config.placement == "before_prompt"  # the shipped checkpoint's layout, from its config

@@ -180,18 +180,20 @@ def test_no_ratio_leaves_zero_slots(model):
 
 def test_compressive_at_r1_is_the_frozen_model_reading_the_document(model):
     """r = 1: every position is its own chunk, so the pooled states are the document's own keys/values and the
-    decoder's output equals the base model's over document + prompt (the nugget position scheme is exact)."""
+    decoder's output equals the base model's over opening + document + prompt (the position scheme is exact)."""
     doc = model.tokenizer("The falcon dives fast.", add_special_tokens=False)["input_ids"]
     prompt = model.tokenizer(" Why?", add_special_tokens=False)["input_ids"]
     (reading,) = get_system("compressive").prepare(Env(model=model), [Query("qa", ["x"], [doc], "Why?")], 1.0)
     with torch.no_grad():
         got = model.decode([reading.states], torch.tensor([prompt]), adapter=None).logits
         with model.use_adapter(None):
-            want = model.llama(input_ids=torch.tensor([doc + prompt])).logits[:, len(doc):]
+            want = model.llama(input_ids=torch.tensor([model.document_opening + doc + prompt])).logits[:, -len(prompt):]
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_attention_probabilities_from_captured_queries_match_eager_attention(model):
+def test_attention_probabilities_from_captured_queries_match_eager_attention():
+    # no document opening: the probabilities are over the document's own columns, which eager attention sees alone
+    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}, placement="before_prompt"))
     ids = model.tokenizer("Nuggets are the tokens kept.", add_special_tokens=False)["input_ids"]
     (run_,) = frozen_pass(model, [ids], queries=True)
     rows = torch.arange(len(ids))

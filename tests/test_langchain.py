@@ -164,3 +164,17 @@ class TestNuggetLLMStandard(ChatModelUnitTests):
     @property
     def has_structured_output(self):
         return False
+
+
+def test_llm_reads_the_nuggets_inside_the_last_user_turn(compressor):
+    from nugget_rag.generation import GenerationSettings, generate
+    from nugget_rag.prompts import QA_PROMPT
+
+    llm = NuggetLLM(compressor=compressor, max_new_tokens=6, system_prompt="Be brief.")
+    model = compressor.model
+    answer = llm.invoke({"documents": TEXTS, "question": "Which capital?"}).content
+    before, after = model.chat_prompt([{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": QA_PROMPT.format(question="Which capital?")}])
+    assert model.tokenizer.decode(before) == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+    states = compressor.states(TEXTS)
+    assert answer == generate(model, [states], [after], GenerationSettings(max_new_tokens=6), prefixes=[before])[0]

@@ -17,7 +17,7 @@ PROMPT = "Where does the fox jump?"
 
 
 def test_r1_without_adapters_equals_base_model_on_concatenation(make_model, doc_ids):
-    model = make_model(ratio=1)
+    model = make_model(ratio=1, placement="before_prompt")  # nuggets first: the raw concatenation
     reference = tiny_base().model
     doc, prompt = doc_ids(DOC), doc_ids(PROMPT)
     with torch.no_grad():
@@ -57,7 +57,8 @@ def test_selection_follows_the_scores(make_model, doc_ids):
     model = make_model(ratio=4)
     doc = doc_ids(DOC)
     with torch.no_grad():
-        scores = model.score(torch.tensor([doc]))[0]
+        input_ids, opening = model.encoder_input([doc])  # the document after the template's opening
+        scores = model.score(input_ids)[0, opening:]
         state = model.compress([doc])[0]
     k = state.k
     expected = sorted(scores[:-1].topk(k - 1).indices.tolist() + [len(doc) - 1])
@@ -95,7 +96,7 @@ def test_documents_compose_in_both_orders_deterministically(make_model, doc_ids)
 
 def test_r1_two_documents_equal_base_model_on_concatenation(make_model, doc_ids):
     """Renumbering rotates keys exactly: two documents read as if they had been one text."""
-    model = make_model(ratio=1)
+    model = make_model(ratio=1, placement="before_prompt")  # nuggets first: the raw concatenation
     reference = tiny_base().model
     d1, d2, prompt = doc_ids(DOC), doc_ids(DOC2), doc_ids(PROMPT)
     with torch.no_grad():
@@ -223,7 +224,7 @@ def test_fingerprint_tracks_what_produces_nuggets(make_model):
 
 
 def test_generation_matches_transformers_generate(make_model, doc_ids):
-    model = make_model(ratio=1)
+    model = make_model(ratio=1, placement="before_prompt")  # nuggets first: the raw concatenation
     reference = tiny_base().model
     d1, d2, prompt = doc_ids(DOC), doc_ids(DOC2), doc_ids(PROMPT)
     with torch.no_grad():
@@ -298,3 +299,75 @@ def test_default_checkpoint_is_the_shipped_one_only_on_the_default_model(make_mo
     named = BaseLM(model=base.model, tokenizer=base.tokenizer, name=DEFAULT_MODEL_NAME)
     assert NuggetModel.from_pretrained(base_model=named).fingerprint() == trained.fingerprint()
     assert NuggetModel.from_pretrained(None, base_model=tiny_base()).config.ratio == NuggetConfig().ratio
+
+
+def test_chat_prompt_puts_the_nuggets_where_fulls_prompt_has_the_documents(make_model):
+    from nugget_rag.prompts import chat_text, chat_token_ids, full_context_messages
+
+    model, legacy = make_model(), make_model(placement="before_prompt")
+    tok, chat = model.tokenizer, [{"role": "user", "content": PROMPT}]
+    before, after = model.chat_prompt(chat)
+    assert tok.decode(before) + DOC + tok.decode(after) == chat_text(tok, full_context_messages([DOC], PROMPT))
+    assert tok.decode(before).endswith("user\n") and tok.decode(after).startswith("\n\n" + PROMPT)
+    assert legacy.chat_prompt(chat) == ([], chat_token_ids(tok, chat))
+    with pytest.raises(ValueError, match="user turn"):
+        model.chat_prompt([{"role": "system", "content": "hi"}])
+
+
+def test_prompt_prefix_is_the_decoders_own_pass_before_the_nuggets(make_model, doc_ids):
+    """A prefix reads exactly like an r = 1 state of its text made by the decoder adapter, put first."""
+    model = make_model(ratio=3, placement="before_prompt")  # no document opening: compress runs the text alone
+    prefix, doc, prompt = doc_ids("System: be brief. User: "), doc_ids(DOC), doc_ids(PROMPT)
+    with torch.no_grad():
+        state = model.compress([doc])[0]
+        as_state = {a: model.compress([prefix], ratio=1, adapter=a)[0] for a in (DECODER, None)}
+        read = model.decode([[state], [state]], torch.tensor([prompt] * 2), prefixes=[prefix, []]).logits
+        expected = model.decode([[as_state[DECODER], state]], torch.tensor([prompt]), prefixes=[[]]).logits
+        other_adapter = model.decode([[as_state[None], state]], torch.tensor([prompt]), prefixes=[[]]).logits
+        alone = model.decode([[state]], torch.tensor([prompt]), prefixes=[[]]).logits
+    torch.testing.assert_close(read[:1], expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(read[1:], alone, atol=1e-5, rtol=1e-4)
+    assert (expected - other_adapter).abs().max() > 1e-3
+    texts = generate(model, [[state]], [prompt], GenerationSettings(max_new_tokens=6), prefixes=[prefix])
+    assert texts == generate(model, [[as_state[DECODER], state]], [prompt], GenerationSettings(max_new_tokens=6),
+                             prefixes=[[]])
+
+
+def test_prompt_prefix_trains_the_decoder_adapter_only(make_model, doc_ids):
+    model = make_model(ratio=3)
+    model.train()
+    head = model.prefix_states([doc_ids("User: ")], adapter=DECODER)[0]
+    (head.keys.sum() + head.values.sum()).backward()
+    assert sum(float(p.grad.abs().sum()) for p in model.adapter_parameters(DECODER) if p.grad is not None) > 0
+    assert all(p.grad is None for p in model.adapter_parameters(ENCODER))
+    assert model.prefix_states([[], []]) == [None, None]
+
+
+def test_checkpoints_record_the_placement_and_older_ones_read_before_the_prompt(make_model, tmp_path):
+    import json
+
+    from nugget_rag.model import CONFIG_FILE, SHIPPED_CHECKPOINT, read_checkpoint_meta
+
+    make_model().save_pretrained(tmp_path)
+    meta = json.loads((tmp_path / CONFIG_FILE).read_text())
+    assert meta["config"]["placement"] == "in_user_turn"
+    del meta["config"]["placement"]
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
+    assert NuggetModel.from_pretrained(tmp_path, base_model=tiny_base()).config.placement == "before_prompt"
+    assert read_checkpoint_meta(SHIPPED_CHECKPOINT)["config"]["placement"] == "before_prompt"
+
+
+def test_r1_without_adapters_reads_exactly_like_fulls_prompt(make_model, doc_ids):
+    """In the user turn, a document encoded after the template's opening and read at r = 1 is Full's prompt."""
+    model = make_model(ratio=1)
+    reference = tiny_base().model
+    before, after = model.chat_prompt([{"role": "user", "content": PROMPT}])
+    d1, d2 = doc_ids(DOC), doc_ids(DOC2)
+    assert before == model.document_opening and len(before) > 0
+    with torch.no_grad():
+        state = model.compress([d1 + d2], adapter=None)[0]
+        logits = model.decode([[state]], torch.tensor([after]), adapter=None, prefixes=[before]).logits
+        default = model.decode([[state]], torch.tensor([after]), adapter=None).logits  # None: the opening
+    expected = reference(torch.tensor([before + d1 + d2 + after])).logits[:, -len(after):]
+    assert (logits - expected).abs().max() < 1e-4
+    torch.testing.assert_close(default, logits)

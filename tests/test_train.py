@@ -195,3 +195,27 @@ def test_cli_trains_a_saved_llama_directory(data, tmp_path, capsys):
     assert (tmp_path / "run" / "final" / "nugget.safetensors").is_file()
     assert main(argv[:-2] + ["--eval-every", "-1"]) == 2
     assert "eval_every" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("in_user_turn", [True, False])
+def test_task_examples_carry_the_decoders_prompt_prefix(data, in_user_turn):
+    from nugget_rag.train.config import Lengths, Source
+    from nugget_rag.train.data import ExampleBuilder, load_records
+
+    model = tiny_model()
+    qa = Source.model_validate({**source("qa", data), "documents_per_example": 1, "split": None})
+    builder = ExampleBuilder(qa, model.tokenizer, Lengths(**LENGTHS), model.max_positions, 4, 0, in_user_turn=in_user_turn)
+    records = load_records(qa, None)
+    example = builder(records[:1], [0])
+    prefix, ids = example["prefix"][0], example["input_ids"][0]
+    assert (model.tokenizer.decode(prefix) == "<|im_start|>user\n") is in_user_turn
+    assert (prefix == []) is not in_user_turn
+    assert model.tokenizer.decode(ids).startswith("\n\nBased on" if in_user_turn else "<|im_start|>user\nBased on")
+
+
+def test_init_from_a_checkpoint_of_another_placement_is_named(data, tmp_path, caplog):
+    NuggetModel(tiny_base(), NuggetConfig(**NUGGET, placement="before_prompt")).save_pretrained(tmp_path / "old")
+    cfg = config(tmp_path, [source("qa", data)], max_steps=1, save_every=1, init_from=str(tmp_path / "old"))
+    with caplog.at_level("WARNING"):
+        train(cfg, tiny_model())
+    assert "placement=before_prompt" in caplog.text and "placement=in_user_turn" in caplog.text

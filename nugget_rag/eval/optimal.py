@@ -27,12 +27,12 @@ TRIALS_PER_PASS = 8  # candidate selections decoded together
 
 
 def _encode_all(model, ids: list[int]):
-    input_ids, _ = model._pad([ids])
-    capture = CaptureNuggets(torch.arange(len(ids), device=input_ids.device)[None])
+    input_ids, opening = model.encoder_input([ids])
+    capture = CaptureNuggets(torch.arange(opening, opening + len(ids), device=input_ids.device)[None])
     with model.lock, model.use_adapter(ENCODER):
         model.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
     keys, values = capture.stacked()
-    return keys[:, 0], values[:, 0], model.score(input_ids)[0]
+    return model.to_document_positions(keys[:, 0], opening), values[:, 0], model.score(input_ids)[0, opening:]
 
 
 def _nll(model, keys, values, selections: list[list[int]], tail: list[int], targets: int) -> torch.Tensor:

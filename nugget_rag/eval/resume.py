@@ -37,7 +37,7 @@ def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
         "checkpoint": checkpoint_name(cfg),
         "full_checkpoint": str(cfg.full_checkpoint) if cfg.full_checkpoint else None,
         "base_model": model.base_name, "device": model.device.type, "dtype": str(model.dtype).replace("torch.", ""),
-        "batch_size": cfg.batch_size,
+        "batch_size": cfg.batch_size, "placement": model.config.placement,
     }
     if task.kind == "qa":
         setup["max_new_tokens"] = cfg.qa_max_new_tokens

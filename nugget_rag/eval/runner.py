@@ -158,8 +158,8 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
         if isinstance(reading, Skipped):
             skipped[reading.reason] += 1
             continue
-        prompt = prompt_ids(tok, ex.query, reading) if reading.answer is None else []
-        slots = sum(s.k for s in reading.states) if reading.states is not None else 0
+        prefix, prompt = prompt_ids(reading.model or model, ex.query, reading) if reading.answer is None else ([], [])
+        slots = len(prefix) + (sum(s.k for s in reading.states) if reading.states is not None else 0)
         extra = 0 if ex.query.kind == "lm" else ex.query.max_new_tokens
         soft = model.soft_prompt.shape[0] if reading.soft_prompt else 0
         if reading.answer is None and slots + soft + len(prompt) + extra > model.max_positions:
@@ -168,30 +168,30 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
         if reading.answer is None and not prompt and not reading.soft_prompt:
             skipped["empty prompt"] += 1
             continue
-        work.append((i, reading, prompt))
+        work.append((i, reading, prefix, prompt))
     outputs: dict[int, object] = {}
     if task.kind == "lm":
-        for i, reading, prompt in work:
-            outputs[i] = _target_nll(reading.model or model, reading, prompt, len(examples[i].query.target_ids))
+        for i, reading, prefix, prompt in work:
+            outputs[i] = _target_nll(reading.model or model, reading, prefix, prompt, len(examples[i].query.target_ids))
             bar.update(0.5)
     else:
-        answered = [(i, r) for i, r, _ in work if r.answer is not None]
+        answered = [(i, r) for i, r, _, _ in work if r.answer is not None]
         for i, r in answered:
             outputs[i] = r.answer
         groups: dict[tuple, list] = {}
-        for i, reading, prompt in work:
+        for i, reading, prefix, prompt in work:
             if reading.answer is None:
                 key = (id(reading.model or model), reading.adapter, reading.soft_prompt, examples[i].query.max_new_tokens)
-                groups.setdefault(key, []).append((i, reading, prompt))
+                groups.setdefault(key, []).append((i, reading, prefix, prompt))
         for (_, adapter, soft, max_new), items in groups.items():
-            items.sort(key=lambda item: len(item[2]) + sum(s.k for s in item[1].states or []))
+            items.sort(key=lambda item: len(item[2]) + len(item[3]) + sum(s.k for s in item[1].states or []))
             for start in range(0, len(items), cfg.batch_size):
                 batch = items[start : start + cfg.batch_size]
                 decoder = batch[0][1].model or model
-                texts = generate(decoder, [r.states or [] for _, r, _ in batch], [p for _, _, p in batch],
+                texts = generate(decoder, [r.states or [] for _, r, _, _ in batch], [p for _, _, _, p in batch],
                                  GenerationSettings(max_new_tokens=max_new, temperature=0), soft_prompt=soft,
-                                 adapter=adapter)
-                for (i, _, _), text in zip(batch, texts):
+                                 adapter=adapter, prefixes=[h for _, _, h, _ in batch])
+                for (i, _, _, _), text in zip(batch, texts):
                     outputs[i] = text
                 bar.update(len(batch) / 2)
         bar.update(len(examples) - bar.n)
@@ -224,13 +224,13 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
     return row
 
 
-def _target_nll(model: NuggetModel, reading: Reading, prompt: list[int], targets: int) -> tuple[float, int]:
+def _target_nll(model: NuggetModel, reading: Reading, prefix: list[int], prompt: list[int], targets: int) -> tuple[float, int]:
     """Sum of the target tokens' negative log-likelihoods (the last `targets` ids of the prompt) and their count."""
     ids = torch.tensor([prompt], device=model.device)
     labels = torch.full_like(ids, -100)
     labels[0, -targets:] = ids[0, -targets:]
     out = model.decode([reading.states or []], ids, labels=labels, soft_prompt=reading.soft_prompt,
-                       adapter=reading.adapter, return_logits=False)
+                       adapter=reading.adapter, return_logits=False, prefixes=[prefix])
     return float(out.loss) * targets, targets
 
 

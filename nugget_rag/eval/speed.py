@@ -27,7 +27,7 @@ from ..corpora import read_documents
 from ..generation import GenerationSettings, stream_generate
 from ..prompts import QA_PROMPT, chat_token_ids, full_context_messages
 from ..store import NuggetStore
-from .systems.base import Env, user_prompt
+from .systems.base import Env
 
 QUESTION = "What does this module do?"
 
@@ -47,13 +47,15 @@ def _sync(model) -> None:
         torch.cuda.synchronize(model.device)
 
 
-def _timed_generation(model, samples, prompt, adapter, steps: int, before=None) -> tuple[float, float]:
-    """(seconds to the first token, mean seconds per later token); `before` runs inside the first-token time."""
+def _timed_generation(model, samples, prompt, adapter, steps: int, before=None, prefix=()) -> tuple[float, float]:
+    """(seconds to the first token, mean seconds per later token); `before` and the prompt prefix run inside the
+    first-token time."""
     _sync(model)
     start = time.perf_counter()
     if before is not None:
         samples = before()
-    stream = stream_generate(model, [samples], [prompt], GenerationSettings(max_new_tokens=steps), adapter=adapter)
+    stream = stream_generate(model, [samples], [prompt], GenerationSettings(max_new_tokens=steps), adapter=adapter,
+                             prefixes=[prefix])
     next(stream)
     _sync(model)
     first = time.perf_counter() - start
@@ -88,7 +90,8 @@ def run_speed(env: Env, cfg) -> dict:
     docs_ids = passages(env, cfg, max(sc.documents), sc.doc_tokens)
     texts = [tok.decode(ids) for ids in docs_ids]
     instruction = QA_PROMPT.format(question=QUESTION)
-    nugget_prompt = user_prompt(tok, instruction)
+    nugget_prefix, nugget_prompt = model.chat_prompt([{"role": "user", "content": instruction}])
+    nugget_tokens = len(nugget_prefix) + len(nugget_prompt)
     rows, skipped = [], []
     median = statistics.median
     for count in sc.documents:
@@ -98,7 +101,7 @@ def run_speed(env: Env, cfg) -> dict:
         ids, docs = docs_ids[:count], texts[:count]
         full_prompt = chat_token_ids(tok, full_context_messages(docs, instruction))
         row = {"documents": count, "doc_tokens": sum(map(len, ids)), "full_prompt_tokens": len(full_prompt),
-               "nugget_prompt_tokens": len(nugget_prompt), "kv_bytes_full_docs": _kv_bytes(model, sum(map(len, ids))),
+               "nugget_prompt_tokens": nugget_tokens, "kv_bytes_full_docs": _kv_bytes(model, sum(map(len, ids))),
                "kv_bytes_full_total": _kv_bytes(model, len(full_prompt))}
         if len(full_prompt) + sc.decode_steps <= model.max_positions:
             firsts, per_token = [], []
@@ -142,7 +145,7 @@ def run_speed(env: Env, cfg) -> dict:
                 for _ in range(sc.repeats + 1):
                     f, p = _timed_generation(model, None, nugget_prompt, "decoder", sc.decode_steps,
                                              before=lambda store=memory, fp=fingerprint, texts=docs:
-                                             [store.get(t, fp) for t in texts])
+                                             [store.get(t, fp) for t in texts], prefix=nugget_prefix)
                     firsts.append(f)
                     per_token.append(p)
             nuggets = sum(s.k for s in states)
@@ -150,7 +153,7 @@ def run_speed(env: Env, cfg) -> dict:
                           for s in states)
             entry = {
                 "nuggets": nuggets, "ttft_s": median(firsts[1:]), "decode_s_per_token": median(per_token[1:]),
-                "kv_bytes_docs": kv_docs, "kv_bytes_total": kv_docs + _kv_bytes(model, len(nugget_prompt)),
+                "kv_bytes_docs": kv_docs, "kv_bytes_total": kv_docs + _kv_bytes(model, nugget_tokens),
                 "compress_tokens_per_s": row["doc_tokens"] / median(compress_times[1:]),
                 "store_hit_memory_s": median(hit_memory[1:]), "store_hit_disk_s": median(hit_disk[1:]),
             }

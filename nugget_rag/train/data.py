@@ -2,6 +2,8 @@
 
 An example is a dict with
 - ``documents``: token ids of each document to compress (independently; composed in order by the decoder),
+- ``prefix``: the decoder's tokens before the nuggets (the chat template's opening under
+  `NuggetConfig.placement="in_user_turn"`, else none),
 - ``input_ids``: the decoder's tokens after the nuggets, ``target_start``: the first of them that is a target,
 - ``references``: texts a generated output is scored against at evaluation (may be empty),
 - ``skip``: '' for a real example, else why its record was skipped (counted, then dropped).
@@ -26,12 +28,19 @@ from transformers import PreTrainedTokenizerBase
 
 from .. import corpora
 from ..config import nugget_count
-from ..prompts import QA_PROMPT, SUMMARY_PROMPT, chat_token_ids, full_context_messages, render_instruction
+from ..prompts import (
+    QA_PROMPT,
+    SUMMARY_PROMPT,
+    chat_token_ids,
+    full_context_messages,
+    prompt_around_documents,
+    render_instruction,
+)
 from .config import Lengths, Source
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["documents", "input_ids", "target_start", "references", "skip"]
+COLUMNS = ["documents", "prefix", "input_ids", "target_start", "references", "skip"]
 _SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text",
                    ".text": "text", ".md": "text", ".rst": "text"}
 _BUILDERS = {"json": "json", "jsonl": "json", "parquet": "parquet", "text": "text"}
@@ -104,9 +113,11 @@ class ExampleBuilder:
     """Turns records of one source into tokenised examples (a batched `datasets.map` function)."""
 
     def __init__(self, source: Source, tokenizer: PreTrainedTokenizerBase, lengths: Lengths, max_positions: int,
-                 ratio: float, seed: int):
+                 ratio: float, seed: int, in_user_turn: bool):
         self.source, self.tok, self.lengths, self.seed = source, tokenizer, lengths, seed
-        self.max_positions, self.ratio = max_positions, ratio
+        self.max_positions, self.ratio, self.in_user_turn = max_positions, ratio, in_user_turn
+        # what NuggetModel.document_opening is for this tokenizer: the decoder reads nuggets after it
+        self.opening = prompt_around_documents(tokenizer, [{"role": "user", "content": ""}], in_user_turn)[0]
         self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._check_lengths()
 
@@ -116,6 +127,7 @@ class ExampleBuilder:
             "continuation": nugget_count(L.document, r) + L.query + L.answer,
             "autoencoding": nugget_count(L.autoencoding, r) + 1 + L.autoencoding,
         }.get(self.source.objective, nugget_count(L.document, r) + L.answer + 64)
+        need += len(self.opening)
         if self.source.full_context:
             need = L.document + L.answer + 64
         if need > self.max_positions:
@@ -127,7 +139,7 @@ class ExampleBuilder:
     def fingerprint(self) -> str:
         meta = [self.source.model_dump(mode="json", exclude={"weight", "streaming"}), self.lengths.model_dump(),
                 self.ratio, self.max_positions, self.seed, self.tok.name_or_path, len(self.tok),
-                self.tok.chat_template, "v1"]
+                self.tok.chat_template, self.in_user_turn, "v2"]
         return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
@@ -157,7 +169,7 @@ class ExampleBuilder:
         chunks = [c for c in chunks if len(c) >= self.lengths.min_document]
         if not chunks:
             return [_skip("too short")]
-        return [_example([c], c, 0, [self.tok.decode(c)]) for c in chunks]
+        return [_example([c], c, 0, [self.tok.decode(c)], self.opening) for c in chunks]
 
     def _continuation(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
         L = self.lengths
@@ -170,7 +182,8 @@ class ExampleBuilder:
             if answer < 1 or document < L.min_document:
                 continue
             d, q, a = piece[:document], piece[document : document + L.query], piece[document + L.query :]
-            examples.append(_example(_cut(d, self.source.documents_per_example), q + a, len(q), [self.tok.decode(a)]))
+            examples.append(_example(_cut(d, self.source.documents_per_example), q + a, len(q), [self.tok.decode(a)],
+                                     self.opening))
         return examples or [_skip("too short")]
 
     def _qa(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
@@ -208,23 +221,25 @@ class ExampleBuilder:
         answer_ids = self._ids(answer.strip())[: L.answer] + self.eos
         if self.source.full_context:
             texts = [self.tok.decode(d) for d in doc_ids]
-            prompt = chat_token_ids(self.tok, full_context_messages(texts, instruction))
+            prefix, prompt = [], chat_token_ids(self.tok, full_context_messages(texts, instruction))
             doc_ids = []
         else:
-            prompt = chat_token_ids(self.tok, [{"role": "user", "content": instruction}])
+            prefix, prompt = prompt_around_documents(self.tok, [{"role": "user", "content": instruction}],
+                                                     self.in_user_turn)
         nuggets = sum(nugget_count(len(d), self.ratio) for d in doc_ids)
-        if nuggets + len(prompt) + len(answer_ids) > self.max_positions:
+        if len(prefix) + nuggets + len(prompt) + len(answer_ids) > self.max_positions:
             return _skip("too long for the model's positions")
-        return _example(doc_ids, prompt + answer_ids, len(prompt), references)
+        return _example(doc_ids, prompt + answer_ids, len(prompt), references, prefix)
 
 
-def _example(documents: list[list[int]], input_ids: list[int], target_start: int, references: list[str]) -> dict:
-    return {"documents": documents, "input_ids": input_ids, "target_start": target_start, "references": references,
-            "skip": ""}
+def _example(documents: list[list[int]], input_ids: list[int], target_start: int, references: list[str],
+             prefix: list[int] | None = None) -> dict:
+    return {"documents": documents, "prefix": prefix or [], "input_ids": input_ids, "target_start": target_start,
+            "references": references, "skip": ""}
 
 
 def _skip(reason: str) -> dict:
-    return {"documents": [], "input_ids": [], "target_start": 0, "references": [], "skip": reason}
+    return {"documents": [], "prefix": [], "input_ids": [], "target_start": 0, "references": [], "skip": reason}
 
 
 def _cut(ids: list[int], pieces: int) -> list[list[int]]:
@@ -341,6 +356,7 @@ class Batch:
     labels: torch.Tensor
     references: list[list[str]]
     target_starts: list[int]
+    prefixes: list[list[int]]
 
     @property
     def tokens(self) -> int:
@@ -359,7 +375,8 @@ def collate(examples: list[dict], source: int, pad_id: int) -> Batch:
         mask[i, :n] = True
         labels[i, e["target_start"] : n] = ids[i, e["target_start"] : n]
     return Batch(source, [e["documents"] for e in examples], ids, mask, labels,
-                 [e["references"] for e in examples], [e["target_start"] for e in examples])
+                 [e["references"] for e in examples], [e["target_start"] for e in examples],
+                 [e["prefix"] for e in examples])
 
 
 class Mixture:

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..config import DECODER
 from ..generation import GenerationSettings, generate
 from ..metrics import answer_correct, bleu, rouge
-from ..model import DEFAULT_CHECKPOINT, NuggetModel, default_checkpoint_for
+from ..model import DEFAULT_CHECKPOINT, NuggetModel, checkpoint_config, default_checkpoint_for
 from . import checkpoint
 from .config import Source, TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
@@ -77,7 +77,12 @@ class Trainer:
         else:
             model.to(self.accelerator.device)
         if config.init_from:
-            model.load_parts(_init_checkpoint(config.init_from, model))
+            start = _init_checkpoint(config.init_from, model)
+            trained_with = checkpoint_config(start).placement
+            if trained_with != model.config.placement:
+                log.warning("init_from %s was trained with placement=%s; this run trains placement=%s (set "
+                            "nugget.placement to keep the checkpoint's)", start, trained_with, model.config.placement)
+            model.load_parts(start)
         if config.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         self.model = model
@@ -115,7 +120,8 @@ class Trainer:
         cache = self.out / "cache"
         streams, dev = [], []
         for i, (source, name) in enumerate(zip(cfg.data, self.names)):
-            builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, self.model.config.ratio, cfg.seed)
+            builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, self.model.config.ratio, cfg.seed,
+                                     in_user_turn=self.model.config.placement == "in_user_turn")
             examples, skipped = build_examples(source, source.split, builder, cache)
             count = "streamed" if skipped is None else len(examples)
             log.info("%s: %s training examples; skipped %s", name, count, dict(skipped or {}) or "none")
@@ -260,7 +266,8 @@ class Trainer:
             else:
                 prompts = [ids[:t].tolist() for ids, t in zip(batch.input_ids, batch.target_starts)]
                 settings = GenerationSettings(max_new_tokens=64 if source.objective == "qa" else 128)
-            outputs += generate(model, samples, prompts, settings, soft_prompt=source.objective == "autoencoding")
+            outputs += generate(model, samples, prompts, settings, soft_prompt=source.objective == "autoencoding",
+                                prefixes=batch.prefixes)
             references += batch.references
         if source.objective == "autoencoding":
             scores[f"{name}/bleu"] = round(bleu(outputs, [r[0] for r in references]), 2)

@@ -1,7 +1,8 @@
 """Frozen-model passes for the training-free key/value baselines.
 
-`frozen_pass` runs the base model (adapters off) over right-padded token ids and returns, per row, every layer's
-keys (already rotated by RoPE at their positions, as NuggetStates store them) and values at all positions, and
+`frozen_pass` runs the base model (adapters off) over right-padded token ids (after the document opening, as
+NuggetModel.compress does) and returns, per row, every layer's keys (rotated by RoPE at their positions in the
+document, as NuggetStates store them) and values at all positions, and
 optionally every layer's rotated queries (a forward hook on q_proj) for attention-based selection. From these,
 a baseline builds NuggetStates that the same decoder reads with adapter=None.
 """
@@ -28,9 +29,9 @@ class FrozenPass:
 @torch.no_grad()
 def frozen_pass(model: NuggetModel, token_ids: Sequence[Sequence[int]], queries: bool = False) -> list[FrozenPass]:
     lengths = [len(t) for t in token_ids]
-    input_ids, _ = model._pad(token_ids)
-    width = input_ids.shape[1]
-    positions = torch.arange(width, device=input_ids.device)[None].expand(len(token_ids), -1)
+    input_ids, opening = model.encoder_input(token_ids)
+    width = input_ids.shape[1] - opening
+    positions = torch.arange(opening, opening + width, device=input_ids.device)[None].expand(len(token_ids), -1)
     capture = CaptureNuggets(positions)
     cfg = model.llama.config
     heads, head_dim = cfg.num_attention_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -48,17 +49,19 @@ def frozen_pass(model: NuggetModel, token_ids: Sequence[Sequence[int]], queries:
         for h in hooks:
             h.remove()
     keys, values = capture.stacked()  # [layers, batch, kv_heads, width, head_dim]
+    keys = model.to_document_positions(keys, opening)
     q_all = None
     if queries:
         inv_freq = model.llama.model.rotary_emb.inv_freq
-        q_all = torch.stack([recorded[i] for i in sorted(recorded)])  # [layers, batch, heads, width, head_dim]
+        q_all = torch.stack([recorded[i][:, :, opening:] for i in sorted(recorded)])  # [layers, batch, heads, width, head_dim]
         q_all = rotate_keys(q_all, torch.arange(width, device=q_all.device), inv_freq)
     return [FrozenPass(keys[:, b, :, :n], values[:, b, :, :n], None if q_all is None else q_all[:, b, :, :n])
             for b, n in enumerate(lengths)]
 
 
 def attention_probs(model: NuggetModel, run: FrozenPass, rows: torch.Tensor, layer: int) -> torch.Tensor:
-    """Causal attention probabilities [heads, len(rows), n] of the query rows over all positions, in one layer."""
+    """Causal attention probabilities [heads, len(rows), n] of the query rows over the document's positions, in
+    one layer (normalised over the document: the document opening's columns are left out)."""
     q = run.queries[layer][:, rows].float()  # [heads, R, D]
     k = run.keys[layer].float()  # [kv_heads, n, D]
     groups = q.shape[0] // k.shape[0]

@@ -168,24 +168,30 @@ def user_prompt(tokenizer, instruction: str) -> list[int]:
     return chat_token_ids(tokenizer, [{"role": "user", "content": instruction}])
 
 
-def prompt_ids(tokenizer, query: Query, reading: Reading) -> list[int]:
-    """The token ids the decoder reads after any KV states: one format for every system.
+def prompt_ids(model, query: Query, reading: Reading) -> tuple[list[int], list[int]]:
+    """The token ids the decoder `model` reads before and after any KV states: one format for every system.
 
-    qa / summarization / autoencoding: with states, the instruction alone in a user turn (or nothing after the
-    soft prompt); with texts, Full's prompt (documents then instruction in one user turn, App. D); with no
-    text, the instruction alone (NoDoc). Language modelling: [history as text][context][target], no template.
+    qa / summarization / autoencoding: with states, Full's prompt with the states in the documents' place
+    (`NuggetModel.chat_prompt`), or nothing after the soft prompt; with texts, Full's prompt (documents then
+    instruction in one user turn, App. D); with no text, the instruction alone (NoDoc). Language modelling:
+    [history as text][context][target], no template. States without a chat prompt (language modelling,
+    autoencoding) follow the document opening they were encoded after (`NuggetModel.document_opening`).
     """
+    tokenizer = model.tokenizer
     if query.kind == "lm":
         head: list[int] = []
         if reading.texts is not None:
             ids = reading.text_ids or [tokenizer(t, add_special_tokens=False)["input_ids"] for t in reading.texts]
             head = [i for part in ids for i in part]
-        return head + list(query.context_ids) + list(query.target_ids)
+        prefix = list(model.document_opening) if reading.states else []
+        return prefix, head + list(query.context_ids) + list(query.target_ids)
     if reading.states is not None:
-        return [] if reading.soft_prompt else user_prompt(tokenizer, query.instruction)
+        if reading.soft_prompt:
+            return list(model.document_opening), []
+        return model.chat_prompt([{"role": "user", "content": query.instruction}])
     if reading.texts:
-        return chat_token_ids(tokenizer, full_context_messages(reading.texts, query.instruction))
-    return user_prompt(tokenizer, query.instruction)
+        return [], chat_token_ids(tokenizer, full_context_messages(reading.texts, query.instruction))
+    return [], user_prompt(tokenizer, query.instruction)
 
 
 def kept_slots(tokenizer, reading: Reading) -> int | None:

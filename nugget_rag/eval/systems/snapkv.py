@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ._kv import attention_probs, frozen_pass, state_at
-from .base import Env, Reading, Skipped, System, budget, register, user_prompt
+from .base import Env, Reading, Skipped, System, budget, register
 
 POOL = 7
 
@@ -45,7 +45,9 @@ class SnapKV(System):
             if any(len(ids) == 0 for ids in q.document_ids):
                 out.append(Skipped("empty document"))
                 continue
-            window = list(q.context_ids) if q.kind == "lm" else user_prompt(model.tokenizer, q.instruction)
+            # the observation window: what follows the documents in the prompt the decoder reads
+            window = list(q.context_ids) if q.kind == "lm" else model.chat_prompt(
+                [{"role": "user", "content": q.instruction}])[1]
             if not window:
                 out.append(Skipped("no observation window (empty instruction)"))
                 continue
