@@ -90,3 +90,22 @@ def test_nuggets_in_the_user_turn_take_the_documents_place_in_fulls_prompt(compr
     document = tok(DOCS[1].page_content, add_special_tokens=False)["input_ids"]
     assert before + document + after == chat_token_ids(tok, full_context_messages([DOCS[1].page_content], instruction))
     assert compressor.model.config.placement == "before_prompt"  # the shipped checkpoint's layout, from its config
+
+
+def test_untrained_r1_nuggets_in_the_user_turn_are_fulls_prompt():
+    """placement=in_user_turn, r = 1, identity adapters: the decoder's logits are Full's, on SmolLM2's template."""
+    from nugget_rag import NuggetModel
+    from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages
+
+    model = NuggetModel.from_pretrained(None)
+    tok = model.tokenizer
+    instruction = QA_PROMPT.format(question="When was it completed?")
+    before, after = model.chat_prompt([{"role": "user", "content": instruction}])
+    document = tok(DOCS[1].page_content, add_special_tokens=False)["input_ids"]
+    full = chat_token_ids(tok, full_context_messages([DOCS[1].page_content], instruction))
+    with torch.no_grad():
+        states = model.compress([document], ratio=1)
+        logits = model.decode([states], torch.tensor([after]), prefixes=[before]).logits
+        with model.use_adapter(None):
+            expected = model.llama(torch.tensor([full])).logits[:, -len(after):]
+    assert (logits - expected).abs().max() < 1e-3
