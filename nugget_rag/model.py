@@ -75,6 +75,9 @@ class NuggetModel(nn.Module):
         self.config = config or NuggetConfig()
         self.tokenizer = base.tokenizer
         self.base_name = base.name
+        # Under in_user_turn, documents are encoded (and their nuggets read) after the chat template's opening,
+        # as Full's prompt has them; the key/values of a document at r = 1 are then exactly Full's.
+        self.document_opening: list[int] = self.chat_prompt([{"role": "user", "content": ""}])[0]
         lm = base.model
         lm.config._attn_implementation = ATTENTION_NAME
         self._base_digest = _base_digest(lm)
@@ -101,9 +104,6 @@ class NuggetModel(nn.Module):
         self.scorer.to(param.device, param.dtype)
         self.soft_prompt.data = self.soft_prompt.data.to(param.device, param.dtype)
         self._tuner_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
-        # Under in_user_turn, documents are encoded (and their nuggets read) after the chat template's opening,
-        # as Full's prompt has them; the key/values of a document at r = 1 are then exactly Full's.
-        self.document_opening: list[int] = self.chat_prompt([{"role": "user", "content": ""}])[0]
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
         self._fingerprint_cache: tuple[tuple | None, str] = (None, "")

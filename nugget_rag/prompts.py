@@ -54,6 +54,7 @@ def prompt_around_documents(
     chat[users[-1]]["content"] = f"{DOCUMENTS_MARK}\n\n{chat[users[-1]]['content']}"
     pieces = chat_text(tokenizer, chat).split(DOCUMENTS_MARK)
     if len(pieces) != 2:
-        raise ValueError(f"the chat template of {tokenizer.name_or_path!r} does not keep the user's text as it is")
+        raise ValueError(f"the chat template of {tokenizer.name_or_path!r} does not keep the user's text as it is, so "
+                         "the documents' place in it is unknown; use NuggetConfig(placement='before_prompt')")
     before, after = (tokenizer(p, add_special_tokens=False)["input_ids"] for p in pieces)
     return before, after

@@ -371,3 +371,11 @@ def test_r1_without_adapters_reads_exactly_like_fulls_prompt(make_model, doc_ids
     expected = reference(torch.tensor([before + d1 + d2 + after])).logits[:, -len(after):]
     assert (logits - expected).abs().max() < 1e-4
     torch.testing.assert_close(default, logits)
+
+
+def test_a_template_that_drops_the_users_text_names_the_other_placement():
+    base = tiny_base()
+    base.tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="placement='before_prompt'"):
+        NuggetModel(base, NuggetConfig(scorer_layer=2, lora={"rank": 4}))
+    assert NuggetModel(base, NuggetConfig(scorer_layer=2, lora={"rank": 4}, placement="before_prompt")).document_opening == []
