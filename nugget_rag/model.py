@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ CONFIG_FILE = "nugget_config.json"
 WEIGHTS_FILE = "nugget.safetensors"
 CHECKPOINT_FORMAT = "nugget-rag/checkpoint-v1"
 DEFAULT_CHECKPOINT = "default"
+PREFIX_CACHE_SIZE = 8  # prompt openings kept between queries (one per system prompt in use, typically)
 # The adapters and Scorer shipped for the default base model (MODEL_CARD.md); `DEFAULT_CHECKPOINT` names them.
 SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct-r10"
 
@@ -107,6 +109,9 @@ class NuggetModel(nn.Module):
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
         self._fingerprint_cache: tuple[tuple | None, str] = (None, "")
+        # prompt-prefix states computed without gradients, keyed by ids, adapter and the adapter's weight versions
+        self._prefix_cache: OrderedDict[tuple, NuggetState] = OrderedDict()
+        self._prefix_cache_lock = threading.Lock()
         self.set_trainable()
         self.eval()
 
@@ -310,11 +315,31 @@ class NuggetModel(nn.Module):
     def prefix_states(self, prefixes: Sequence[Sequence[int]], adapter: str | None = DECODER) -> list[NuggetState | None]:
         """Every layer's key/value states of each prompt prefix as the decoder computes them (positions 0..h-1).
 
-        None for an empty prefix; equal prefixes run once. Under autograd the states carry the adapter's gradient.
+        None for an empty prefix; equal prefixes run once. Under autograd the states carry the adapter's gradient;
+        without it they are kept (the last few) and reused until the adapter's weights change.
         """
         unique = list(dict.fromkeys(tuple(p) for p in prefixes if len(p)))
-        if not unique:
-            return [None] * len(prefixes)
+        stamp = self._weights_stamp(adapter) if not torch.is_grad_enabled() else None
+        with self._prefix_cache_lock:
+            states = {u: self._prefix_cache[(u, stamp)] for u in unique if stamp and (u, stamp) in self._prefix_cache}
+        missing = [u for u in unique if u not in states]
+        if missing:
+            states.update(self._run_prefixes(missing, adapter))
+        if stamp:
+            with self._prefix_cache_lock:
+                for u in unique:
+                    self._prefix_cache[(u, stamp)] = states[u]
+                    self._prefix_cache.move_to_end((u, stamp))
+                while len(self._prefix_cache) > PREFIX_CACHE_SIZE:
+                    self._prefix_cache.popitem(last=False)
+        return [states[tuple(p)] if len(p) else None for p in prefixes]
+
+    def _weights_stamp(self, adapter: str | None) -> tuple:
+        """Changes whenever an adapter weight is changed in place or replaced (as in `fingerprint`)."""
+        params = list(self.adapter_parameters(adapter)) if adapter else []
+        return (adapter, str(self.dtype), str(self.device), tuple((id(p), p.data_ptr(), p._version) for p in params))
+
+    def _run_prefixes(self, unique: list[tuple[int, ...]], adapter: str | None) -> dict[tuple[int, ...], NuggetState]:
         input_ids, _ = self._pad(unique)
         lengths = [len(u) for u in unique]
         steps = torch.arange(max(lengths), device=self.device)
@@ -322,12 +347,11 @@ class NuggetModel(nn.Module):
         with self.lock, self.use_adapter(adapter):
             self.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
         keys, values = capture.stacked()
-        states = {
+        return {
             u: NuggetState(keys[:, b, :, :n], values[:, b, :, :n], steps[:n], torch.zeros(n, device=self.device),
                            self.tokenizer.convert_ids_to_tokens(list(u)), n, "prompt-prefix")
             for b, (u, n) in enumerate(zip(unique, lengths))
         }
-        return [states[tuple(p)] if len(p) else None for p in prefixes]
 
     def layout(
         self,

@@ -379,3 +379,22 @@ def test_a_template_that_drops_the_users_text_names_the_other_placement():
     with pytest.raises(ValueError, match="placement='before_prompt'"):
         NuggetModel(base, NuggetConfig(scorer_layer=2, lora={"rank": 4}))
     assert NuggetModel(base, NuggetConfig(scorer_layer=2, lora={"rank": 4}, placement="before_prompt")).document_opening == []
+
+
+def test_prompt_prefix_states_are_reused_until_the_decoder_changes(make_model, doc_ids, monkeypatch):
+    model = make_model(ratio=3)
+    opening = model.document_opening
+    runs = []
+    real = model._run_prefixes
+    monkeypatch.setattr(model, "_run_prefixes", lambda unique, adapter: runs.append(len(unique)) or real(unique, adapter))
+    with torch.no_grad():
+        first = model.prefix_states([opening, opening])[0]
+        again = model.prefix_states([opening])[0]
+        assert runs == [1] and again is first
+        next(model.adapter_parameters(DECODER)).add_(0.5)  # the decoder changed: its prefix states too
+        changed = model.prefix_states([opening])[0]
+        assert runs == [1, 1] and not torch.equal(changed.keys, first.keys)
+        model.prefix_states([opening], adapter=None)
+        assert runs == [1, 1, 1]
+    model.train()
+    assert model.prefix_states([opening])[0].keys.requires_grad and runs == [1, 1, 1, 1]  # with gradients: always run
