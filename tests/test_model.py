@@ -221,6 +221,8 @@ def test_fingerprint_tracks_what_produces_nuggets(make_model):
     scorer_weight.data = scorer_weight.data + 1.0  # replaced, not changed in place: the cached digest must not stick
     assert model.fingerprint() not in (first, second)
     assert make_model(ratio=4, perturb_adapters=False).fingerprint() == make_model(ratio=4, perturb_adapters=False).fingerprint()
+    # documents encoded after the template's opening are other states than documents encoded alone
+    assert make_model(ratio=4).fingerprint() != make_model(ratio=4, placement="before_prompt").fingerprint()
 
 
 def test_generation_matches_transformers_generate(make_model, doc_ids):
