@@ -46,9 +46,9 @@ class NuggetConfig(BaseModel):
     )
     placement: Literal["in_user_turn", "before_prompt"] = Field(
         "in_user_turn",
-        description="Where the decoder reads the nuggets of a chat prompt: in_user_turn, in the place of the documents' "
-        "text in Full's prompt (after the chat template's opening, which the decoder runs first); before_prompt, "
-        "ahead of the whole prompt (checkpoints written before this field existed).",
+        description="Where the decoder reads the nuggets of a chat prompt: in_user_turn, in the place of the "
+        "documents' text in Full's prompt (after the chat template's opening, which the decoder runs first); "
+        "before_prompt, ahead of the whole prompt (checkpoints written before this field existed).",
     )
     soft_prompt_tokens: int = Field(
         1, ge=0, description="Trainable soft tokens put before the decoder's text in autoencoding."

@@ -85,9 +85,9 @@ def stream_generate(
 ) -> Iterator[list[str]]:
     """Yield, step by step, the new text of each row ('' when a row has nothing new or is finished).
 
-    Each row reads its prompt prefix (`NuggetModel.chat_prompt`; None: the document opening), the nuggets of its documents, then its
-    prompt tokens (left-padded in the batch). The prompt is run once; every later step feeds one token per row
-    against the cached keys/values.
+    Each row reads its prompt prefix (`NuggetModel.chat_prompt`; None: the document opening), the nuggets of its
+    documents, then its prompt tokens (left-padded in the batch). The prompt is run once; every later step feeds
+    one token per row against the cached keys/values.
     """
     settings = settings or GenerationSettings()
     if len(samples) != len(prompts):

@@ -4,15 +4,14 @@ Data flow: token ids -> Scorer over the frozen model's early layers -> top-k pos
 records every layer's key/value states there (NuggetState) -> decoder pass whose tokens attend to the
 nuggets of any number of documents and to themselves.
 
-Position scheme (one function, `layout`, serves training and inference): a document is encoded alone, after
-the document opening (with the default `placement="in_user_turn"`, the chat template up to the user's text,
-where Full's prompt has the documents; nothing otherwise), and stored at positions 0..n-1. When documents are
-read, the decoder first runs the prompt's prefix (by default that opening; h tokens) at 0..h-1; the nuggets
-follow, renumbered in the order given, h..h+K-1 over all
-documents (each key's rotary phase is shifted to its new position, an exact rotation), then the rest of the
-prompt at h+K, h+K+1, ... So documents compose in any number and order, and the position budget is spent on
-nuggets, not on the original tokens. With r = 1, one document and adapters off this is exactly the base model
-reading Full's prompt (opening, document, rest of the prompt).
+Position scheme (one function, `layout`, serves training and inference): a document is encoded alone, after the
+document opening (with the default `placement="in_user_turn"`, the chat template up to the user's text, where
+Full's prompt has the documents; nothing otherwise), and stored at positions 0..n-1. When documents are read,
+the decoder first runs the prompt's prefix (by default that opening; h tokens) at 0..h-1; the nuggets follow,
+renumbered in the order given, h..h+K-1 over all documents (each key's rotary phase is shifted to its new
+position, an exact rotation), then the rest of the prompt at h+K, h+K+1, ... So documents compose in any number
+and order, and the position budget is spent on nuggets, not on the original tokens. With r = 1, one document and
+adapters off this is exactly the base model reading Full's prompt (opening, document, rest of the prompt).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention import ATTENTION_NAME, CaptureNuggets, ReadNuggets, rotate_keys
 from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
 from .config import DECODER, ENCODER, LEGACY_PLACEMENT, NuggetConfig
-from .prompts import prompt_around_documents
+from .prompts import document_opening, prompt_around_documents
 from .scorer import Scorer, select_nuggets
 from .state import NuggetState
 
@@ -79,7 +78,7 @@ class NuggetModel(nn.Module):
         self.base_name = base.name
         # Under in_user_turn, documents are encoded (and their nuggets read) after the chat template's opening,
         # as Full's prompt has them; the key/values of a document at r = 1 are then exactly Full's.
-        self.document_opening: list[int] = self.chat_prompt([{"role": "user", "content": ""}])[0]
+        self.document_opening = document_opening(self.tokenizer, self.config.placement == "in_user_turn")
         lm = base.model
         lm.config._attn_implementation = ATTENTION_NAME
         self._base_digest = _base_digest(lm)
@@ -236,8 +235,8 @@ class NuggetModel(nn.Module):
     ) -> list[NuggetState]:
         """Encode each document (a list of token ids) into its nuggets, in one right-padded batch.
 
-        A document longer than `segment_tokens` (default: the model's positions less the document opening) is cut into segments that are
-        compressed independently and joined into one state (each segment keeps its own last token).
+        A document longer than `segment_tokens` (default: the model's positions less the document opening) is cut
+        into segments that are compressed independently and joined into one state (each keeps its own last token).
         """
         ratio = self.config.ratio if ratio is None else NuggetConfig(ratio=ratio).ratio
         if segment_tokens is not None and segment_tokens < 1:
@@ -312,13 +311,17 @@ class NuggetModel(nn.Module):
         """The decoder's token ids before and after the nuggets, for a chat whose last user turn asks about them."""
         return prompt_around_documents(self.tokenizer, messages, self.config.placement == "in_user_turn")
 
-    def prefix_states(self, prefixes: Sequence[Sequence[int]], adapter: str | None = DECODER) -> list[NuggetState | None]:
+    def prefix_states(
+        self, prefixes: Sequence[Sequence[int]], adapter: str | None = DECODER
+    ) -> list[NuggetState | None]:
         """Every layer's key/value states of each prompt prefix as the decoder computes them (positions 0..h-1).
 
         None for an empty prefix; equal prefixes run once. Under autograd the states carry the adapter's gradient;
         without it they are kept (the last few) and reused until the adapter's weights change.
         """
         unique = list(dict.fromkeys(tuple(p) for p in prefixes if len(p)))
+        if not unique:
+            return [None] * len(prefixes)
         stamp = self._weights_stamp(adapter) if not torch.is_grad_enabled() else None
         with self._prefix_cache_lock:
             states = {u: self._prefix_cache[(u, stamp)] for u in unique if stamp and (u, stamp) in self._prefix_cache}
@@ -422,7 +425,7 @@ class NuggetModel(nn.Module):
         return_logits: bool = True,
         prefixes: Sequence[Sequence[int] | None] | None = None,
     ) -> DecoderOutput:
-        """Decoder pass over `input_ids` after each sample's prompt prefix, its documents' nuggets (and the soft prompt).
+        """Decoder pass over `input_ids` after each sample's prompt prefix and documents' nuggets (and soft prompt).
 
         `labels` align with `input_ids` (-100 = ignored); the loss predicts each label from everything before it
         (with the soft prompt, the first token too). Logits (over `input_ids`) are left out with return_logits=False,

@@ -37,6 +37,11 @@ def chat_token_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[s
     return tokenizer(chat_text(tokenizer, messages), add_special_tokens=False)["input_ids"]
 
 
+def document_opening(tokenizer: PreTrainedTokenizerBase, in_user_turn: bool) -> list[int]:
+    """The chat's token ids before a user turn's text: what documents are encoded and read after (in_user_turn)."""
+    return prompt_around_documents(tokenizer, [{"role": "user", "content": ""}], in_user_turn)[0]
+
+
 def prompt_around_documents(
     tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], in_user_turn: bool
 ) -> tuple[list[int], list[int]]:

@@ -224,7 +224,8 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
     return row
 
 
-def _target_nll(model: NuggetModel, reading: Reading, prefix: list[int], prompt: list[int], targets: int) -> tuple[float, int]:
+def _target_nll(model: NuggetModel, reading: Reading, prefix: list[int], prompt: list[int],
+                targets: int) -> tuple[float, int]:
     """Sum of the target tokens' negative log-likelihoods (the last `targets` ids of the prompt) and their count."""
     ids = torch.tensor([prompt], device=model.device)
     labels = torch.full_like(ids, -100)

@@ -32,6 +32,7 @@ from ..prompts import (
     QA_PROMPT,
     SUMMARY_PROMPT,
     chat_token_ids,
+    document_opening,
     full_context_messages,
     prompt_around_documents,
     render_instruction,
@@ -116,8 +117,7 @@ class ExampleBuilder:
                  ratio: float, seed: int, in_user_turn: bool):
         self.source, self.tok, self.lengths, self.seed = source, tokenizer, lengths, seed
         self.max_positions, self.ratio, self.in_user_turn = max_positions, ratio, in_user_turn
-        # what NuggetModel.document_opening is for this tokenizer: the decoder reads nuggets after it
-        self.opening = prompt_around_documents(tokenizer, [{"role": "user", "content": ""}], in_user_turn)[0]
+        self.opening = document_opening(tokenizer, in_user_turn)  # NuggetModel.document_opening
         self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._check_lengths()
 

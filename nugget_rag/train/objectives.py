@@ -63,5 +63,6 @@ class ObjectiveLoss(nn.Module):
         samples = compress_batch(self.model, batch, source)
         return self.model.decode(
             samples, batch.input_ids.to(device), batch.token_mask.to(device), labels=batch.labels.to(device),
-            soft_prompt=source.objective == "autoencoding", adapter=DECODER, return_logits=False, prefixes=batch.prefixes,
+            soft_prompt=source.objective == "autoencoding", adapter=DECODER, return_logits=False,
+            prefixes=batch.prefixes,
         ).loss

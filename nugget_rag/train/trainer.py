@@ -120,8 +120,8 @@ class Trainer:
         cache = self.out / "cache"
         streams, dev = [], []
         for i, (source, name) in enumerate(zip(cfg.data, self.names)):
-            builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, self.model.config.ratio, cfg.seed,
-                                     in_user_turn=self.model.config.placement == "in_user_turn")
+            builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, self.model.config.ratio,
+                                     cfg.seed, in_user_turn=self.model.config.placement == "in_user_turn")
             examples, skipped = build_examples(source, source.split, builder, cache)
             count = "streamed" if skipped is None else len(examples)
             log.info("%s: %s training examples; skipped %s", name, count, dict(skipped or {}) or "none")

@@ -2,9 +2,9 @@
 
 `frozen_pass` runs the base model (adapters off) over right-padded token ids (after the document opening, as
 NuggetModel.compress does) and returns, per row, every layer's keys (rotated by RoPE at their positions in the
-document, as NuggetStates store them) and values at all positions, and
-optionally every layer's rotated queries (a forward hook on q_proj) for attention-based selection. From these,
-a baseline builds NuggetStates that the same decoder reads with adapter=None.
+document, as NuggetStates store them) and values at all positions, and optionally every layer's rotated queries
+(a forward hook on q_proj) for attention-based selection. From these, a baseline builds NuggetStates that the
+same decoder reads with adapter=None.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def frozen_pass(model: NuggetModel, token_ids: Sequence[Sequence[int]], queries:
     q_all = None
     if queries:
         inv_freq = model.llama.model.rotary_emb.inv_freq
-        q_all = torch.stack([recorded[i][:, :, opening:] for i in sorted(recorded)])  # [layers, batch, heads, width, head_dim]
+        # [layers, batch, heads, width, head_dim], the document's rows
+        q_all = torch.stack([recorded[i][:, :, opening:] for i in sorted(recorded)])
         q_all = rotate_keys(q_all, torch.arange(width, device=q_all.device), inv_freq)
     return [FrozenPass(keys[:, b, :, :n], values[:, b, :, :n], None if q_all is None else q_all[:, b, :, :n])
             for b, n in enumerate(lengths)]
