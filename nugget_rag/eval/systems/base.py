@@ -17,7 +17,7 @@ Adding a system is one file in this folder:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -162,6 +162,23 @@ def budget(n_tokens: int, ratio: float) -> int:
     if n_tokens < 1:
         raise ValueError("an empty document has no tokens to keep")
     return nugget_count(n_tokens, ratio)
+
+
+def per_document(env: Env, queries: Sequence[Query], cache_name: str,
+                 compute: Callable[[list[tuple[int, ...]]], Sequence]) -> list[list | None]:
+    """Each query's per-document results of `compute`, or None where a query has an empty document.
+
+    `compute` maps a batch of distinct documents (token-id tuples, shortest first, `env.batch_size` at most) to
+    one result each; results are kept in the run's cache under `cache_name`, so a document shared by several
+    queries is processed once.
+    """
+    cache = env.cache_for(cache_name)
+    todo = sorted({tuple(ids) for q in queries for ids in q.document_ids if ids and tuple(ids) not in cache}, key=len)
+    for start in range(0, len(todo), env.batch_size):
+        chunk = todo[start : start + env.batch_size]
+        cache.update(zip(chunk, compute(chunk), strict=True))
+    return [None if any(len(ids) == 0 for ids in q.document_ids) else [cache[tuple(ids)] for ids in q.document_ids]
+            for q in queries]
 
 
 def user_prompt(tokenizer, instruction: str) -> list[int]:

@@ -14,7 +14,7 @@ import torch
 from ...attention import rotate_keys
 from ...state import NuggetState
 from ._kv import frozen_pass
-from .base import Env, Reading, Skipped, System, budget, register
+from .base import Env, Reading, Skipped, System, budget, per_document, register
 
 
 def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
@@ -31,12 +31,10 @@ class Compressive(System):
 
     def prepare(self, env: Env, queries, ratio):
         model = env.model
-        cache = env.cache_for(f"{self.name}@{ratio}")
-        todo = {tuple(ids) for q in queries for ids in q.document_ids if ids and tuple(ids) not in cache}
-        todo = sorted(todo, key=len)
         inv_freq = model.llama.model.rotary_emb.inv_freq
-        for start in range(0, len(todo), env.batch_size):
-            chunk = todo[start : start + env.batch_size]
+
+        def pool(chunk):
+            out = []
             for ids, run in zip(chunk, frozen_pass(model, chunk)):
                 n = len(ids)
                 k = budget(n, ratio)
@@ -47,12 +45,9 @@ class Compressive(System):
                 positions = torch.tensor([b - 1 for _, b in bounds], device=keys.device)
                 keys = rotate_keys(keys, positions, inv_freq)
                 tokens = model.tokenizer.convert_ids_to_tokens([ids[p] for p in positions.tolist()])
-                cache[ids] = NuggetState(keys, values, positions, torch.zeros(k, device=keys.device), tokens, n,
-                                         f"compressive-r{ratio}")
-        out = []
-        for q in queries:
-            if any(len(ids) == 0 for ids in q.document_ids):
-                out.append(Skipped("empty document"))
-            else:
-                out.append(Reading(states=[cache[tuple(ids)] for ids in q.document_ids]))
-        return out
+                out.append(NuggetState(keys, values, positions, torch.zeros(k, device=keys.device), tokens, n,
+                                       f"compressive-r{ratio}"))
+            return out
+
+        return [Skipped("empty document") if states is None else Reading(states=states)
+                for states in per_document(env, queries, f"{self.name}@{ratio}", pool)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Env, Reading, Skipped, System, budget, register
+from .base import Env, Reading, Skipped, System, budget, per_document, register
 
 
 @torch.no_grad()
@@ -36,18 +36,14 @@ class LLMLinguaStyle(System):
 
     def prepare(self, env: Env, queries, ratio):
         model = env.model
-        cache = env.cache_for(f"{self.name}@{ratio}")
-        todo = sorted({tuple(ids) for q in queries for ids in q.document_ids if ids and tuple(ids) not in cache}, key=len)
-        for start in range(0, len(todo), env.batch_size):
-            chunk = todo[start : start + env.batch_size]
+
+        def prune(chunk):
+            out = []
             for ids, s in zip(chunk, surprisal(model, [list(c) for c in chunk])):
                 keep = s.topk(budget(len(ids), ratio)).indices.sort().values.tolist()
-                cache[ids] = [ids[i] for i in keep]
-        out = []
-        for q in queries:
-            if any(len(ids) == 0 for ids in q.document_ids):
-                out.append(Skipped("empty document"))
-                continue
-            kept = [cache[tuple(ids)] for ids in q.document_ids]
-            out.append(Reading(texts=[model.tokenizer.decode(ids) for ids in kept], text_ids=kept))
-        return out
+                out.append([ids[i] for i in keep])
+            return out
+
+        return [Skipped("empty document") if kept is None
+                else Reading(texts=[model.tokenizer.decode(ids) for ids in kept], text_ids=kept)
+                for kept in per_document(env, queries, f"{self.name}@{ratio}", prune)]

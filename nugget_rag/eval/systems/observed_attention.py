@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._kv import attention_probs, frozen_pass, state_at
-from .base import Env, Reading, Skipped, System, budget, register
+from .base import Env, Reading, Skipped, System, budget, per_document, register
 
 
 def observed_scores(model, run) -> torch.Tensor:
@@ -33,13 +33,13 @@ class ObservedAttention(System):
 
     def prepare(self, env: Env, queries, ratio):
         model = env.model
-        cache = env.cache_for(f"{self.name}@{ratio}")
-        todo = sorted({tuple(ids) for q in queries for ids in q.document_ids if ids and tuple(ids) not in cache}, key=len)
-        for start in range(0, len(todo), env.batch_size):
-            chunk = todo[start : start + env.batch_size]
+
+        def select(chunk):
+            out = []
             for ids, run in zip(chunk, frozen_pass(model, chunk, queries=True)):
-                scores = observed_scores(model, run)
-                chosen = scores.topk(budget(len(ids), ratio)).indices
-                cache[ids] = state_at(model, run, chosen, ids, len(ids), f"observed-attention-r{ratio}")
-        return [Skipped("empty document") if any(len(ids) == 0 for ids in q.document_ids)
-                else Reading(states=[cache[tuple(ids)] for ids in q.document_ids]) for q in queries]
+                chosen = observed_scores(model, run).topk(budget(len(ids), ratio)).indices
+                out.append(state_at(model, run, chosen, ids, len(ids), f"observed-attention-r{ratio}"))
+            return out
+
+        return [Skipped("empty document") if states is None else Reading(states=states)
+                for states in per_document(env, queries, f"{self.name}@{ratio}", select)]
