@@ -148,6 +148,15 @@ def _speed_table(speed: dict) -> list[str]:
 UNDER_BUDGET = 0.8  # achieved r below this fraction of the asked r: the plot marks the system
 
 
+def _save(fig, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)
+
+
 def plots(results: dict, out_dir: Path, stem: str) -> list[str]:
     import matplotlib
 
@@ -186,11 +195,7 @@ def plots(results: dict, out_dir: Path, stem: str) -> list[str]:
         ax.set_ylabel(metric)
         ax.set_title(f"{task}: {metric} vs r", fontsize=9)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.tight_layout()
-        path = out_dir / f"{stem}-{task}-vs-r.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(fig, out_dir / f"{stem}-{task}-vs-r.png"))
     ae = [r for r in results["results"] if r["task"] == "autoencoding" and r.get("status") == "ok"]
     if ae:
         fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=100)
@@ -204,11 +209,7 @@ def plots(results: dict, out_dir: Path, stem: str) -> list[str]:
         ax.set_ylabel("BLEU")
         ax.set_title("autoencoding: BLEU vs length (Fig. 4)", fontsize=9)
         ax.legend(fontsize=5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.tight_layout()
-        path = out_dir / f"{stem}-bleu-vs-length.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(fig, out_dir / f"{stem}-bleu-vs-length.png"))
     speed = results.get("speed")
     if speed and speed["rows"]:
         fig, ax = plt.subplots(figsize=(5, 3.4), dpi=100)
@@ -224,11 +225,7 @@ def plots(results: dict, out_dir: Path, stem: str) -> list[str]:
         ax.set_xscale("log", base=2)
         ax.set_title(f"time to first token ({speed['device']})", fontsize=9)
         ax.legend(fontsize=6)
-        fig.tight_layout()
-        path = out_dir / f"{stem}-ttft-vs-documents.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(fig, out_dir / f"{stem}-ttft-vs-documents.png"))
     return written
 
 
