@@ -193,7 +193,7 @@ class NuggetModel(nn.Module):
         named += [(f"scorer.{n}", p) for n, p in self.scorer.named_parameters()]
         # Hashing every weight costs a device-to-host copy; redo it only when a weight changed in place
         # (an optimiser step, a load) or was replaced, which version counters, ids and storage pointers tell.
-        stamp = (ratio, str(self.dtype), tuple((id(p), p.data_ptr(), p._version) for _, p in named))
+        stamp = (ratio, str(self.dtype), _weights_version(p for _, p in named))
         if self._fingerprint_cache[0] != stamp:
             h = hashlib.sha256()
             identity = [self._base_digest, ratio, self.config.scorer_layer, str(self.dtype)]
@@ -339,8 +339,8 @@ class NuggetModel(nn.Module):
 
     def _weights_stamp(self, adapter: str | None) -> tuple:
         """Changes whenever an adapter weight is changed in place or replaced (as in `fingerprint`)."""
-        params = list(self.adapter_parameters(adapter)) if adapter else []
-        return (adapter, str(self.dtype), str(self.device), tuple((id(p), p.data_ptr(), p._version) for p in params))
+        params = self.adapter_parameters(adapter) if adapter else ()
+        return (adapter, str(self.dtype), str(self.device), _weights_version(params))
 
     def _run_prefixes(self, unique: list[tuple[int, ...]], adapter: str | None) -> dict[tuple[int, ...], NuggetState]:
         input_ids, _ = self._pad(unique)
@@ -533,6 +533,11 @@ def default_checkpoint_for(base_model: str | Path | BaseLM | None) -> Path | Non
     else:  # a directory of that name may hold other weights: load_parts compares the base digest
         name = base_model.name if isinstance(base_model, BaseLM) else Path(base_model).name
     return SHIPPED_CHECKPOINT if name == DEFAULT_MODEL_NAME and SHIPPED_CHECKPOINT.is_dir() else None
+
+
+def _weights_version(params) -> tuple:
+    """Changes when any of these tensors is changed in place (version counter) or replaced (id, storage)."""
+    return tuple((id(p), p.data_ptr(), p._version) for p in params)
 
 
 def checkpoint_config(directory: str | Path) -> NuggetConfig:

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import date
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -153,7 +154,7 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
         readings.extend(got)
         bar.update(len(part) / 2)
     skipped: Counter = Counter()
-    work = []  # (example index, reading, prompt)
+    work: list[_Work] = []
     for i, (ex, reading) in enumerate(zip(examples, readings)):
         if isinstance(reading, Skipped):
             skipped[reading.reason] += 1
@@ -168,31 +169,31 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
         if reading.answer is None and not prompt and not reading.soft_prompt:
             skipped["empty prompt"] += 1
             continue
-        work.append((i, reading, prefix, prompt))
+        work.append(_Work(i, reading, prefix, prompt))
     outputs: dict[int, object] = {}
     if task.kind == "lm":
-        for i, reading, prefix, prompt in work:
-            outputs[i] = _target_nll(reading.model or model, reading, prefix, prompt, len(examples[i].query.target_ids))
+        for w in work:
+            outputs[w.index] = _target_nll(w.reading.model or model, w.reading, w.prefix, w.prompt,
+                                           len(examples[w.index].query.target_ids))
             bar.update(0.5)
     else:
-        answered = [(i, r) for i, r, _, _ in work if r.answer is not None]
-        for i, r in answered:
-            outputs[i] = r.answer
-        groups: dict[tuple, list] = {}
-        for i, reading, prefix, prompt in work:
-            if reading.answer is None:
-                key = (id(reading.model or model), reading.adapter, reading.soft_prompt, examples[i].query.max_new_tokens)
-                groups.setdefault(key, []).append((i, reading, prefix, prompt))
+        groups: dict[tuple, list[_Work]] = {}
+        for w in work:
+            if w.reading.answer is not None:
+                outputs[w.index] = w.reading.answer
+                continue
+            key = (id(w.reading.model or model), w.reading.adapter, w.reading.soft_prompt,
+                   examples[w.index].query.max_new_tokens)
+            groups.setdefault(key, []).append(w)
         for (_, adapter, soft, max_new), items in groups.items():
-            items.sort(key=lambda item: len(item[2]) + len(item[3]) + sum(s.k for s in item[1].states or []))
+            items.sort(key=lambda w: len(w.prefix) + len(w.prompt) + sum(s.k for s in w.reading.states or []))
             for start in range(0, len(items), cfg.batch_size):
                 batch = items[start : start + cfg.batch_size]
-                decoder = batch[0][1].model or model
-                texts = generate(decoder, [r.states or [] for _, r, _, _ in batch], [p for _, _, _, p in batch],
-                                 GenerationSettings(max_new_tokens=max_new, temperature=0), soft_prompt=soft,
-                                 adapter=adapter, prefixes=[h for _, _, h, _ in batch])
-                for (i, _, _, _), text in zip(batch, texts):
-                    outputs[i] = text
+                texts = generate(batch[0].reading.model or model, [w.reading.states or [] for w in batch],
+                                 [w.prompt for w in batch], GenerationSettings(max_new_tokens=max_new, temperature=0),
+                                 soft_prompt=soft, adapter=adapter, prefixes=[w.prefix for w in batch])
+                for w, text in zip(batch, texts):
+                    outputs[w.index] = text
                 bar.update(len(batch) / 2)
         bar.update(len(examples) - bar.n)
     bar.close()
@@ -222,6 +223,15 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
     if notes:
         row["notes"] = dict(notes)
     return row
+
+
+class _Work(NamedTuple):
+    """An example the decoder will read: its index, the system's reading, and the prompt around any states."""
+
+    index: int
+    reading: Reading
+    prefix: list[int]
+    prompt: list[int]
 
 
 def _target_nll(model: NuggetModel, reading: Reading, prefix: list[int], prompt: list[int],
