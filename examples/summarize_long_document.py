@@ -52,6 +52,9 @@ def main() -> int:
     add_checkpoint_option(parser)
     parser.add_argument("--ratio", type=float, help="compression ratio r (default: the model's)")
     parser.add_argument("--max-new-tokens", type=int, default=60)
+    parser.add_argument("--no-repeat-ngram-size", type=int, default=3,
+                        help="never repeat an n-gram of the summary (default 3, as BART's CNN/DailyMail setting; "
+                             "0: plain greedy decoding)")
     args = parser.parse_args()
 
     if not args.path.exists():
@@ -64,7 +67,8 @@ def main() -> int:
     document, reference = read_document(args.path, args.line)
 
     compressor = load_compressor(args.checkpoint, ratio=args.ratio)
-    llm = NuggetLLM(compressor=compressor, prompt_template=SUMMARY_PROMPT, max_new_tokens=args.max_new_tokens)
+    llm = NuggetLLM(compressor=compressor, prompt_template=SUMMARY_PROMPT, max_new_tokens=args.max_new_tokens,
+                    no_repeat_ngram_size=args.no_repeat_ngram_size)
     summarize = (
         {"documents": compressor, "question": RunnableLambda(lambda _: "")}  # the prompt has no {question}
         | llm

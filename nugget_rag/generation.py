@@ -6,7 +6,12 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import DynamicCache
+from transformers import (
+    DynamicCache,
+    LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
 
 from .config import DECODER
 from .model import NuggetModel
@@ -23,6 +28,21 @@ class GenerationSettings(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, description="Generation ends before the first of these strings.")
     seed: int | None = Field(None, description="Seed for sampling.")
+    repetition_penalty: float = Field(
+        1.0, ge=1.0, description="Above 1, divides the logits of tokens already generated (CTRL's penalty); 1 = off."
+    )
+    no_repeat_ngram_size: int = Field(
+        0, ge=0, description="Never generate an n-gram of this size twice in one answer; 0 = off."
+    )
+
+    def logits_processors(self) -> LogitsProcessorList:
+        """transformers' processors for the repetition settings; they see the generated tokens, not the prompt."""
+        processors = LogitsProcessorList()
+        if self.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
+        if self.no_repeat_ngram_size:
+            processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
+        return processors
 
 
 class _TextTracker:
@@ -104,6 +124,8 @@ def stream_generate(
     generator = torch.Generator(model.device).manual_seed(settings.seed) if settings.seed is not None else None
     trackers = [_TextTracker(model.tokenizer, settings.stop) for _ in prompts]
     cache = DynamicCache()
+    processors = settings.logits_processors()
+    generated = torch.zeros(len(prompts), 0, dtype=torch.long, device=model.device)
     positions = layout.counts[:, None] + token_mask.long().cumsum(1) - 1
     inner = model.llama.model
     with model.lock, model.use_adapter(adapter):
@@ -112,7 +134,11 @@ def stream_generate(
                 inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(token_mask, embeds.shape[1]),
                 past_key_values=cache, use_cache=True,
             ).last_hidden_state
-            tokens = _next_token(model.llama.lm_head(hidden[:, -1]), settings, generator)
+            logits = model.llama.lm_head(hidden[:, -1])
+            if processors and generated.shape[1]:
+                logits = processors(generated, logits)
+            tokens = _next_token(logits, settings, generator)
+            generated = torch.cat([generated, tokens[:, None]], dim=1)
             pieces = []
             for tracker, token in zip(trackers, tokens.tolist()):
                 if tracker.done:

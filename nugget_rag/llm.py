@@ -48,6 +48,8 @@ class NuggetLLM(BaseChatModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] | None = None
     seed: int | None = None
+    repetition_penalty: float = Field(1.0, ge=1.0, description="Above 1 discourages repeating generated tokens.")
+    no_repeat_ngram_size: int = Field(0, ge=0, description="Never repeat a generated n-gram of this size (0: off).")
 
     @property
     def _llm_type(self) -> str:
@@ -122,6 +124,8 @@ class NuggetLLM(BaseChatModel):
             top_p=kwargs.get("top_p", self.top_p),
             stop=list(stop or self.stop or []),
             seed=kwargs.get("seed", self.seed),
+            repetition_penalty=kwargs.get("repetition_penalty", self.repetition_penalty),
+            no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", self.no_repeat_ngram_size),
         )
         for pieces in stream_generate(self.compressor.model, [states], [prompt], settings, prefixes=[prefix]):
             if pieces[0]:

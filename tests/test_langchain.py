@@ -128,6 +128,18 @@ def test_stop_strings_cut_the_answer(compressor):
     assert cut == text[: text.find(stop)]
 
 
+def test_repetition_settings_reach_generation(compressor):
+    request = {"documents": TEXTS, "question": "Where?"}
+    plain = NuggetLLM(compressor=compressor, max_new_tokens=30).invoke(request).content
+    pairs = [plain[i : i + 2] for i in range(len(plain) - 1)]
+    assert len(set(pairs)) < len(pairs)  # the random tiny model repeats itself
+    for llm, call in [(NuggetLLM(compressor=compressor, max_new_tokens=30, no_repeat_ngram_size=2), {}),
+                      (NuggetLLM(compressor=compressor, max_new_tokens=30), {"no_repeat_ngram_size": 2})]:
+        text = llm.invoke(request, **call).content
+        pairs = [text[i : i + 2] for i in range(len(text) - 1)]
+        assert len(set(pairs)) == len(pairs)
+
+
 def test_bad_llm_input(compressor):
     llm = NuggetLLM(compressor=compressor)
     with pytest.raises(ValueError, match="question"):

@@ -238,6 +238,25 @@ def test_generation_matches_transformers_generate(make_model, doc_ids):
         assert text == expected
 
 
+def test_repetition_settings_act_on_the_generated_text(make_model, doc_ids):
+    model = make_model()
+    with torch.no_grad():
+        (state,) = model.compress([doc_ids(DOC)])
+    prompts = [doc_ids(PROMPT), doc_ids(PROMPT)[:3]]
+
+    def run(**settings) -> list[str]:
+        return generate(model, [[state], [state]], prompts, GenerationSettings(max_new_tokens=30, **settings))
+
+    def bigrams(text: str) -> list[str]:  # the tiny tokenizer has a token a character
+        return [text[i : i + 2] for i in range(len(text) - 1)]
+
+    plain, no_repeat, penalised = run(), run(no_repeat_ngram_size=2), run(repetition_penalty=1e4)
+    assert any(len(set(bigrams(t))) < len(bigrams(t)) for t in plain)  # the random tiny model loops
+    assert all(len(set(bigrams(t))) == len(bigrams(t)) for t in no_repeat)
+    assert all(len(set(t)) == len(t) for t in penalised)
+    assert [t[0] for t in penalised] == [t[0] for t in plain]  # the prompt's tokens are not penalised
+
+
 def test_bad_inputs_get_clear_errors(make_model, doc_ids):
     model = make_model()
     with pytest.raises(ValueError, match="at least one token"):
