@@ -29,7 +29,8 @@ class GenerationSettings(BaseModel):
     stop: list[str] = Field(default_factory=list, description="Generation ends before the first of these strings.")
     seed: int | None = Field(None, description="Seed for sampling.")
     repetition_penalty: float = Field(
-        1.0, ge=1.0, description="Above 1, divides the logits of tokens already generated (CTRL's penalty); 1 = off."
+        1.0, ge=1.0, description="Above 1, makes tokens already generated less likely (CTRL's penalty: their positive "
+        "logits divided by it, negative ones multiplied); 1 = off."
     )
     no_repeat_ngram_size: int = Field(
         0, ge=0, description="Never generate an n-gram of this size twice in one answer; 0 = off."
