@@ -55,7 +55,7 @@ def selection_statistics(model: NuggetModel, documents: list[list[int]], batch_s
             kept.update(ids[p] for p in positions)
             seen.update(ids)
             gaps += [b - a for a, b in zip(positions, positions[1:])]
-    label = {i: token_label(model.tokenizer, i) for i in kept | seen}
+    label = {i: token_label(model.tokenizer, i) for i in seen}  # every kept token was seen
     n_kept, n_seen = sum(kept.values()), sum(seen.values())
     top = kept.most_common(TOP)
     punctuation = [i for i in seen if (bare := label[i].strip(SPACE)) and all(c in string.punctuation for c in bare)]

@@ -139,7 +139,8 @@ def stream_generate(
             if processors and generated.shape[1]:
                 logits = processors(generated, logits)
             tokens = _next_token(logits, settings, generator)
-            generated = torch.cat([generated, tokens[:, None]], dim=1)
+            if processors:  # only the repetition settings need the history
+                generated = torch.cat([generated, tokens[:, None]], dim=1)
             pieces = []
             for tracker, token in zip(trackers, tokens.tolist()):
                 if tracker.done:
