@@ -105,6 +105,16 @@ class NuggetModel(nn.Module):
         self.scorer.to(param.device, param.dtype)
         self.soft_prompt.data = self.soft_prompt.data.to(param.device, param.dtype)
         self._tuner_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
+        self._adapter_slots = {
+            adapter: [(name, self.peft.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
+                      for name, _ in self.peft.named_parameters() if f".{adapter}." in name and "lora_" in name]
+            for adapter in (ENCODER, DECODER)
+        }
+        # Passes without autograd run these adapters as merged weights: one fused matrix product per adapted layer
+        # instead of three (generation is then as fast per token as the base model), for the memory of one copy
+        # of the adapted layers per adapter. Set to () to save that memory.
+        self.merged_adapters: tuple[str, ...] = (DECODER,)
+        self._merged_cache: dict[str, tuple[tuple, list[nn.Parameter | None]]] = {}
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
         self._fingerprint_cache: tuple[tuple | None, str] = (None, "")
@@ -133,7 +143,12 @@ class NuggetModel(nn.Module):
         return int(self.llama.config.max_position_embeddings)
 
     def adapter_parameters(self, adapter: str) -> Iterator[nn.Parameter]:
-        return (p for name, p in self.peft.named_parameters() if f".{adapter}." in name and "lora_" in name)
+        return (p for _, p in self.named_adapter_parameters(adapter))
+
+    def named_adapter_parameters(self, adapter: str) -> list[tuple[str, nn.Parameter]]:
+        """One adapter's LoRA weights by name, in the model's order (read from their modules at every call, so a
+        replaced tensor is seen; without walking the whole module tree, which costs milliseconds per call)."""
+        return [(name, getattr(module, leaf)) for name, module, leaf in self._adapter_slots[adapter]]
 
     def set_trainable(self, encoder: bool = True, decoder: bool = True, scorer: bool = True, soft_prompt: bool = True):
         """Choose which nugget parts train; the base model stays frozen."""
@@ -152,22 +167,60 @@ class NuggetModel(nn.Module):
 
         PEFT's set_adapter/enable_adapters also rewrite requires_grad (the inactive adapter stops training), which
         is wrong when both adapters train in one step; so only the two switches of each LoRA layer are flipped.
+        Entered without autograd, an adapter in `merged_adapters` runs as merged weights (see there).
         """
+        if adapter in self.merged_adapters and not torch.is_grad_enabled():
+            with self._merged(adapter):
+                yield
+            return
         switches = [([adapter] if adapter else layer._active_adapter, adapter is None) for layer in self._tuner_layers]
         with self._switched(switches):
             yield
 
     @contextmanager
+    def _merged(self, adapter: str):
+        """Adapters off, and each adapted layer's weight swapped for its merged copy W + scale * B @ A."""
+        merged = self._merged_weights(adapter)
+        bases = [layer.get_base_layer() for layer in self._tuner_layers]
+        saved = [base.weight for base in bases]
+        with self._switched([(layer._active_adapter, True) for layer in self._tuner_layers]):
+            try:
+                for base, weight in zip(bases, merged):
+                    if weight is not None:
+                        base._parameters["weight"] = weight
+                yield
+            finally:
+                for base, weight in zip(bases, saved):
+                    base._parameters["weight"] = weight
+
+    def _merged_weights(self, adapter: str) -> list[nn.Parameter | None]:
+        """The merged weight of each LoRA layer (None where the adapter is absent), rebuilt when a weight changed."""
+        bases = [layer.get_base_layer().weight for layer in self._tuner_layers]
+        stamp = (self._weights_stamp(adapter), _weights_version(bases))
+        cached = self._merged_cache.get(adapter)
+        if cached is None or cached[0] != stamp:
+            self._merged_cache.pop(adapter, None)  # free the stale copy before building the new one
+            with torch.no_grad():
+                weights = [
+                    nn.Parameter((w.float() + layer.get_delta_weight(adapter).float()).to(w.dtype), requires_grad=False)
+                    if adapter in layer.lora_A else None
+                    for layer, w in zip(self._tuner_layers, bases)
+                ]
+            cached = self._merged_cache[adapter] = (stamp, weights)
+        return cached[1]
+
+    @contextmanager
     def _switched(self, switches: list[tuple[list[str], bool]]):
         """Set each LoRA layer's (active adapter, disabled) switches; restore them afterwards."""
         saved = [(layer._active_adapter, layer._disable_adapters) for layer in self._tuner_layers]
+        # Plain attributes set through __dict__: nn.Module.__setattr__ costs microseconds per call, per layer.
         for layer, (active, disabled) in zip(self._tuner_layers, switches):
-            layer._active_adapter, layer._disable_adapters = active, disabled
+            vars(layer).update(_active_adapter=active, _disable_adapters=disabled)
         try:
             yield
         finally:
             for layer, (active, disabled) in zip(self._tuner_layers, saved):
-                layer._active_adapter, layer._disable_adapters = active, disabled
+                vars(layer).update(_active_adapter=active, _disable_adapters=disabled)
 
     def enable_gradient_checkpointing(self) -> None:
         """Checkpoint every decoder layer; the replay runs under the adapter that was active in the forward pass."""
@@ -189,7 +242,7 @@ class NuggetModel(nn.Module):
     def fingerprint(self, ratio: float | None = None) -> str:
         """Digest of everything that shapes a NuggetState: base model, encoder adapter, Scorer, r, dtype."""
         ratio = self.config.ratio if ratio is None else ratio
-        named = [(n, p) for n, p in self.peft.named_parameters() if f".{ENCODER}." in n and "lora_" in n]
+        named = self.named_adapter_parameters(ENCODER)
         named += [(f"scorer.{n}", p) for n, p in self.scorer.named_parameters()]
         # Hashing every weight costs a device-to-host copy; redo it only when a weight changed in place
         # (an optimiser step, a load) or was replaced, which version counters, ids and storage pointers tell.

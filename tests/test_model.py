@@ -419,3 +419,27 @@ def test_prompt_prefix_states_are_reused_until_the_decoder_changes(make_model, d
         assert runs == [1, 1, 1]
     model.train()
     assert model.prefix_states([opening])[0].keys.requires_grad and runs == [1, 1, 1, 1]  # with gradients: always run
+
+
+def test_decoder_runs_as_merged_weights_without_autograd(make_model, doc_ids):
+    model = make_model(ratio=3)
+    states = model.compress([doc_ids("alpha beta gamma delta epsilon")])
+    ids = torch.tensor([doc_ids("which letter?")])
+    weights = [layer.get_base_layer().weight for layer in model._tuner_layers]
+
+    def logits(merged: bool) -> torch.Tensor:
+        model.merged_adapters = (DECODER,) if merged else ()
+        with torch.no_grad():
+            return model.decode([states], ids).logits
+
+    first = logits(merged=True)
+    assert torch.allclose(first, logits(merged=False), atol=1e-5)
+    assert not torch.allclose(first, model.decode([states], ids, adapter=None).logits.detach(), atol=1e-3)
+    assert [layer.get_base_layer().weight for layer in model._tuner_layers] == weights  # the base weights are back
+    with torch.no_grad():
+        next(model.adapter_parameters(DECODER)).add_(0.5)  # an optimiser step or a load: the merged copy is rebuilt
+    changed = logits(merged=True)
+    assert not torch.allclose(changed, first, atol=1e-3) and torch.allclose(changed, logits(merged=False), atol=1e-5)
+    model.merged_adapters = (DECODER,)  # with autograd the adapter runs unmerged, and trains
+    model.decode([states], ids, labels=ids).loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.adapter_parameters(DECODER))
