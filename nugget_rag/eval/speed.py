@@ -33,7 +33,7 @@ QUESTION = "What does this module do?"
 
 
 @contextmanager
-def _no_eos():
+def no_eos():
     saved = generation._eos_ids
     generation._eos_ids = lambda model: set()
     try:
@@ -47,7 +47,7 @@ def _sync(model) -> None:
         torch.cuda.synchronize(model.device)
 
 
-def _timed_generation(model, samples, prompt, adapter, steps: int, before=None, prefix=()) -> tuple[float, float]:
+def timed_generation(model, samples, prompt, adapter, steps: int, before=None, prefix=()) -> tuple[float, float]:
     """(seconds to the first token, mean seconds per later token); `before` and the prompt prefix run inside the
     first-token time."""
     _sync(model)
@@ -105,9 +105,9 @@ def run_speed(env: Env, cfg) -> dict:
                "kv_bytes_full_total": _kv_bytes(model, len(full_prompt))}
         if len(full_prompt) + sc.decode_steps <= model.max_positions:
             firsts, per_token = [], []
-            with _no_eos():
+            with no_eos():
                 for _ in range(sc.repeats + 1):
-                    f, p = _timed_generation(model, [], full_prompt, None, sc.decode_steps)
+                    f, p = timed_generation(model, [], full_prompt, None, sc.decode_steps)
                     firsts.append(f)
                     per_token.append(p)
             row["ttft_full_s"], row["decode_full_s_per_token"] = median(firsts[1:]), median(per_token[1:])
@@ -141,9 +141,9 @@ def run_speed(env: Env, cfg) -> dict:
                     if any(state is None for state in found):
                         raise RuntimeError("a stored nugget state was not found again (store miss in the benchmark)")
             firsts, per_token = [], []
-            with _no_eos():
+            with no_eos():
                 for _ in range(sc.repeats + 1):
-                    f, p = _timed_generation(model, None, nugget_prompt, "decoder", sc.decode_steps,
+                    f, p = timed_generation(model, None, nugget_prompt, "decoder", sc.decode_steps,
                                              before=lambda store=memory, fp=fingerprint, texts=docs:
                                              [store.get(t, fp) for t in texts], prefix=nugget_prefix)
                     firsts.append(f)

@@ -1,0 +1,135 @@
+"""What the decoder adapter costs per call: the same nuggets and question read with adapters off, with the decoder
+as LoRA (three matrix products per adapted layer) and as merged weights (one; the default without autograd).
+
+    python benchmarks/adapter_overhead.py                  # the default model and shipped checkpoint
+    python benchmarks/adapter_overhead.py --narrow 64      # its 30 layers at hidden width 64, randomly initialised
+
+`--narrow` keeps the base model's depth, heads' layout and vocabulary but shrinks the hidden width, so each call
+costs its Python and kernel-launch overhead rather than arithmetic: what a small model pays on a GPU. Full (the
+documents' text in the prompt, adapters off) is timed beside them. Medians over --repeats rounds (each times every system once) after a warm-up round.
+Writes benchmarks/results/<name>.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from nugget_rag.base_model import BaseLM, load_base_model, prepare_base_model
+from nugget_rag.cli import checkpoint_arg
+from nugget_rag.config import DECODER
+from nugget_rag.eval.speed import QUESTION, no_eos, timed_generation
+from nugget_rag.model import NuggetModel
+from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages
+
+MODES = {  # label: (adapter, merged_adapters)
+    "nuggets, adapters off": (None, ()),
+    "nuggets, decoder as LoRA": (DECODER, ()),
+    "nuggets, decoder merged": (DECODER, (DECODER,)),
+}
+
+
+def narrowed(base: BaseLM, width: int) -> BaseLM:
+    """The base model's architecture at hidden width `width` (4 query / 2 key-value heads), randomly initialised."""
+    config = base.model.config.to_dict() | dict(hidden_size=width, intermediate_size=2 * width, num_attention_heads=4,
+                                                num_key_value_heads=2, head_dim=width // 4)
+    config = type(base.model.config).from_dict(config)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(base.model.dtype)
+    return prepare_base_model(model, base.tokenizer, f"{base.name}-narrow{width}", base.model.device)
+
+
+def documents(tokenizer, count: int, tokens: int) -> list[list[int]]:
+    """`count` different documents of `tokens` tokens (content does not change the timings)."""
+    ids = tokenizer(" ".join(Path(__file__).read_text().split()), add_special_tokens=False)["input_ids"]
+    ids = ids * (1 + count * tokens // len(ids))
+    return [ids[i * tokens : (i + 1) * tokens] for i in range(count)]
+
+
+def measure(model: NuggetModel, args) -> dict:
+    docs = documents(model.tokenizer, args.documents, args.doc_tokens)
+    states = model.compress(docs, ratio=args.ratio)
+    instruction = QA_PROMPT.format(question=QUESTION)
+    prefix, prompt = model.chat_prompt([{"role": "user", "content": instruction}])
+    full_prompt = chat_token_ids(model.tokenizer, full_context_messages([model.tokenizer.decode(d) for d in docs],
+                                                                        instruction))
+    runs = {"Full (adapters off)": ([], full_prompt, None, (), ())}
+    runs |= {label: (states, prompt, adapter, prefix, merged) for label, (adapter, merged) in MODES.items()}
+    times: dict[str, list[tuple[float, float]]] = {label: [] for label in runs}
+    with no_eos():
+        for _ in range(args.repeats + 1):  # rounds over all systems, so that a busy spell hits them alike
+            for label, (samples, ids, adapter, pre, merged) in runs.items():
+                model.merged_adapters = merged
+                times[label].append(timed_generation(model, samples, ids, adapter, args.steps, prefix=pre))
+    model.merged_adapters = (DECODER,)
+    rows = {label: {"ttft_s": statistics.median(t[0] for t in measured[1:]),
+                    "decode_s_per_token": statistics.median(t[1] for t in measured[1:])}
+            for label, measured in times.items()}
+    return {"nuggets": sum(s.k for s in states), "full_prompt_tokens": len(full_prompt), "rows": rows}
+
+
+def report(result: dict, args, command: str) -> str:
+    rows = result["rows"]
+    lora = rows["nuggets, decoder as LoRA"]
+    lines = [
+        f"# Decoder adapter overhead: {result['model']}",
+        "",
+        f"Command: `{command}`  ",
+        f"Date: {date.today()}; machine: {platform.machine()} {result['device']}, {torch.get_num_threads()} threads; "
+        f"torch {torch.__version__}; {args.documents} documents of {args.doc_tokens} tokens, r = {args.ratio:g} "
+        f"({result['nuggets']} nuggets; Full's prompt {result['full_prompt_tokens']} tokens); medians of "
+        f"{args.repeats}, decode over {args.steps - 1} tokens.",
+        "",
+        "| system | TTFT (ms) | decode (ms/token) | TTFT vs LoRA | decode vs LoRA |",
+        "|---|---|---|---|---|",
+    ]
+    for label, row in rows.items():
+        lines.append(f"| {label} | {row['ttft_s'] * 1e3:.1f} | {row['decode_s_per_token'] * 1e3:.2f} | "
+                     f"{lora['ttft_s'] / row['ttft_s']:.2f}x | "
+                     f"{lora['decode_s_per_token'] / row['decode_s_per_token']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-model", default=None, help="LLaMA checkpoint directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--checkpoint", type=checkpoint_arg, default="default", help="nugget checkpoint, or 'none'")
+    parser.add_argument("--narrow", type=int, default=None, metavar="WIDTH",
+                        help="rebuild the base model at this hidden width, randomly initialised (untrained adapters)")
+    parser.add_argument("--documents", type=int, default=4)
+    parser.add_argument("--doc-tokens", type=int, default=512)
+    parser.add_argument("--ratio", type=float, default=10.0)
+    parser.add_argument("--steps", type=int, default=16, help="tokens generated per run (the first times TTFT)")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--name", default="adapter-overhead")
+    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.narrow:
+        base = narrowed(load_base_model(args.base_model, device=args.device), args.narrow)
+        model = NuggetModel(base)
+    else:
+        model = NuggetModel.from_pretrained(args.checkpoint, base_model=args.base_model, device=args.device)
+    result = measure(model, args) | {"model": model.base_name, "device": str(model.device)}
+    command = shlex.join(["python", "benchmarks/adapter_overhead.py", *(sys.argv[1:] if argv is None else argv)])
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"{args.name}.json").write_text(json.dumps(result | {"command": command}, indent=2))
+    text = report(result, args, command)
+    (args.out_dir / f"{args.name}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
