@@ -1,5 +1,6 @@
 """The nugget engine's mechanics on a tiny random LLaMA."""
 
+import copy
 import math
 
 import pytest
@@ -443,3 +444,30 @@ def test_decoder_runs_as_merged_weights_without_autograd(make_model, doc_ids):
     model.merged_adapters = (DECODER,)  # with autograd the adapter runs unmerged, and trains
     model.decode([states], ids, labels=ids).loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.adapter_parameters(DECODER))
+
+
+@pytest.mark.parametrize("variant", [
+    {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64}, "rope_theta": 500000.0},
+    {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}},
+    {"head_dim": 16},
+    {"attention_bias": True, "tie_word_embeddings": False},
+], ids=["llama3-rope", "linear-rope", "yarn-rope", "head-dim", "bias-untied"])
+def test_other_llama_variants_read_r1_nuggets_exactly_like_fulls_prompt(variant, doc_ids):
+    """The renumbering rotation holds under every rotary scaling and head layout a LLaMA checkpoint may have."""
+    base = tiny_base(layers=3, **variant)
+    with torch.no_grad():
+        for name, p in base.model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    reference = copy.deepcopy(base.model)
+    model = NuggetModel(base, NuggetConfig(ratio=1, scorer_layer=2, lora={"rank": 4}))
+    before, after = model.chat_prompt([{"role": "user", "content": PROMPT}])
+    doc = doc_ids(DOC)
+    with torch.no_grad():
+        state = model.compress([doc], adapter=None)[0]
+        logits = model.decode([[state]], torch.tensor([after]), adapter=None, prefixes=[before]).logits
+        expected = reference(torch.tensor([before + doc + after])).logits[:, -len(after):]
+    assert state.keys.shape[-1] == reference.config.head_dim
+    assert (logits - expected).abs().max() < 1e-4

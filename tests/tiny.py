@@ -30,13 +30,14 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def tiny_base(seed: int = 0, layers: int = 4, max_positions: int = 512, init_std: float = 0.02) -> BaseLM:
+def tiny_base(seed: int = 0, layers: int = 4, max_positions: int = 512, init_std: float = 0.02, **config) -> BaseLM:
+    """`config`: further LlamaConfig fields (rope scaling, head_dim, biases...)."""
     tok = tiny_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-        tie_word_embeddings=True, initializer_range=init_std,
+        **{"tie_word_embeddings": True, "initializer_range": init_std, **config},
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).float()
