@@ -112,7 +112,7 @@ class NuggetModel(nn.Module):
         }
         # Passes without autograd run these adapters as merged weights: one fused matrix product per adapted layer
         # instead of three (generation is then as fast per token as the base model), for the memory of one copy
-        # of the adapted layers per adapter. Set to () to save that memory.
+        # of the adapted layers per adapter. Set to () to save that memory; add ENCODER to merge compression too.
         self.merged_adapters: tuple[str, ...] = (DECODER,)
         self._merged_cache: dict[str, tuple[tuple, list[nn.Parameter | None]]] = {}
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.

@@ -441,6 +441,15 @@ def test_decoder_runs_as_merged_weights_without_autograd(make_model, doc_ids):
         next(model.adapter_parameters(DECODER)).add_(0.5)  # an optimiser step or a load: the merged copy is rebuilt
     changed = logits(merged=True)
     assert not torch.allclose(changed, first, atol=1e-3) and torch.allclose(changed, logits(merged=False), atol=1e-5)
+    model.merged_adapters = (DECODER, ENCODER)  # the encoder merges too when asked (its last layer's q/o have none)
+    doc = [doc_ids("alpha beta gamma delta epsilon")]
+    with torch.no_grad():
+        merged_states = model.compress(doc)[0]
+        model.merged_adapters = ()
+        plain_states = model.compress(doc)[0]
+    assert torch.equal(merged_states.positions, plain_states.positions)
+    assert torch.allclose(merged_states.keys, plain_states.keys, atol=1e-5)
+    assert torch.allclose(merged_states.values, plain_states.values, atol=1e-5)
     model.merged_adapters = (DECODER,)  # with autograd the adapter runs unmerged, and trains
     model.decode([states], ids, labels=ids).loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.adapter_parameters(DECODER))
