@@ -111,9 +111,10 @@ AttentionInterface.register(ATTENTION_NAME, nugget_attention)
 def rotate_keys(keys: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Move RoPE keys by `shift` positions (exact: RoPE(p + d) = R(d) RoPE(p)).
 
-    keys: [..., k, head_dim]; shift: [k] (integer positions); inv_freq: [head_dim / 2].
+    keys: [..., k, head_dim]; shift: [k], or any shape that broadcasts to keys' [..., k] (integer positions);
+    inv_freq: [head_dim / 2].
     """
-    angles = shift.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
+    angles = shift.to(torch.float32)[..., None] * inv_freq.to(torch.float32)
     angles = torch.cat([angles, angles], dim=-1)
     cos, sin = angles.cos().to(keys.dtype), angles.sin().to(keys.dtype)
     half = keys.shape[-1] // 2

@@ -425,31 +425,30 @@ class NuggetModel(nn.Module):
         wanted = [(self.document_opening if docs else []) if p is None else p for p, docs in zip(prefixes, samples)]
         heads = self.prefix_states(wanted, adapter)
         samples = [docs if head is None else [head, *docs] for head, docs in zip(heads, samples)]
-        rows = [self._compose(docs) for docs in samples]
-        width = max(1, max(keys.shape[2] for keys, _, _ in rows))
+        rows = [self._concatenate(docs) for docs in samples]
+        width = max(1, max(len(shift) for *_, shift in rows))
+        keys = torch.stack([F.pad(k, (0, 0, 0, width - k.shape[2])) for k, *_ in rows], dim=1)
+        shift = torch.stack([F.pad(d, (0, width - len(d))) for *_, d in rows])  # padding: not moved
         return NuggetLayout(
-            keys=torch.stack([F.pad(k, (0, 0, 0, width - k.shape[2])) for k, _, _ in rows], dim=1),
-            values=torch.stack([F.pad(v, (0, 0, 0, width - v.shape[2])) for _, v, _ in rows], dim=1),
-            bias=torch.stack([F.pad(b, (0, width - b.shape[0]), value=float("-inf")) for _, _, b in rows]),
-            counts=torch.tensor([k.shape[2] for k, _, _ in rows], device=self.device),
+            # every key of the batch moved to its new position in one rotation
+            keys=rotate_keys(keys, shift[None, :, None, :], self.llama.model.rotary_emb.inv_freq),
+            values=torch.stack([F.pad(v, (0, 0, 0, width - v.shape[2])) for _, v, _, _ in rows], dim=1),
+            bias=torch.stack([F.pad(b, (0, width - b.shape[0]), value=float("-inf")) for _, _, b, _ in rows]),
+            counts=torch.tensor([len(d) for *_, d in rows], device=self.device),
         )
 
-    def _compose(self, docs: Sequence[NuggetState]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One sample's nuggets, renumbered 0..K-1: keys, values [layers, kv_heads, K, head_dim], bias [K]."""
+    def _concatenate(self, docs: Sequence[NuggetState]) -> tuple[torch.Tensor, ...]:
+        """One sample's nuggets in order: keys, values [layers, kv_heads, K, head_dim] at their stored positions,
+        bias [K], and the shift [K] that moves each key to its new position 0..K-1."""
         cfg = self.llama.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         empty = torch.zeros(cfg.num_hidden_layers, cfg.num_key_value_heads, 0, head_dim, dtype=self.dtype, device=self.device)
-        keys, values, bias, offset = [empty], [empty], [torch.zeros(0, device=self.device)], 0
-        inv_freq = self.llama.model.rotary_emb.inv_freq
-        for state in docs:
-            state = state.to(self.device, self.dtype)
-            target = torch.arange(offset, offset + state.k, device=self.device)
-            keys.append(rotate_keys(state.keys, target - state.positions, inv_freq))
-            values.append(state.values)
-            scores = state.scores.float()
-            bias.append(scores - scores.detach())
-            offset += state.k
-        return torch.cat(keys, dim=2), torch.cat(values, dim=2), torch.cat(bias)
+        docs = [state.to(self.device, self.dtype) for state in docs]
+        keys = torch.cat([empty, *(state.keys for state in docs)], dim=2)
+        values = torch.cat([empty, *(state.values for state in docs)], dim=2)
+        scores = torch.cat([torch.zeros(0, device=self.device), *(state.scores.float() for state in docs)])
+        stored = torch.cat([torch.zeros(0, dtype=torch.long, device=self.device), *(state.positions for state in docs)])
+        return keys, values, scores - scores.detach(), torch.arange(len(stored), device=self.device) - stored
 
     def embed(self, input_ids: torch.Tensor, token_mask: torch.Tensor, soft_prompt: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Token embeddings, with the soft prompt put before each row's first real token when asked."""
