@@ -115,6 +115,7 @@ class NuggetModel(nn.Module):
         # of the adapted layers per adapter. Set to () to save that memory; add ENCODER to merge compression too.
         self.merged_adapters: tuple[str, ...] = (DECODER,)
         self._merged_cache: dict[str, tuple[tuple, list[nn.Parameter | None]]] = {}
+        self._original_weights: list[nn.Parameter] | None = None  # the base weights while merged ones stand in
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
         self._fingerprint_cache: tuple[tuple | None, str] = (None, "")
@@ -169,33 +170,39 @@ class NuggetModel(nn.Module):
         is wrong when both adapters train in one step; so only the two switches of each LoRA layer are flipped.
         Entered without autograd, an adapter in `merged_adapters` runs as merged weights (see there).
         """
-        if adapter in self.merged_adapters and not torch.is_grad_enabled():
-            with self._merged(adapter):
-                yield
-            return
-        switches = [([adapter] if adapter else layer._active_adapter, adapter is None) for layer in self._tuner_layers]
-        with self._switched(switches):
+        merge = adapter in self.merged_adapters and not torch.is_grad_enabled()
+        if merge:  # adapters off, each adapted layer's weight swapped for its merged copy W + scale * B @ A
+            switches = [(layer._active_adapter, True) for layer in self._tuner_layers]
+        else:
+            switches = [([adapter] if adapter else layer._active_adapter, adapter is None) for layer in self._tuner_layers]
+        with self._switched(switches), self._weights(self._merged_weights(adapter) if merge else None):
             yield
 
     @contextmanager
-    def _merged(self, adapter: str):
-        """Adapters off, and each adapted layer's weight swapped for its merged copy W + scale * B @ A."""
-        merged = self._merged_weights(adapter)
+    def _weights(self, merged: list[nn.Parameter | None] | None):
+        """Put the merged weights in place (None where a layer has none), or with merged=None the original ones,
+        also inside another adapter's merged pass; restore what was there afterwards."""
         bases = [layer.get_base_layer() for layer in self._tuner_layers]
-        saved = [base.weight for base in bases]
-        with self._switched([(layer._active_adapter, True) for layer in self._tuner_layers]):
-            try:
-                for base, weight in zip(bases, merged):
-                    if weight is not None:
-                        base._parameters["weight"] = weight
-                yield
-            finally:
-                for base, weight in zip(bases, saved):
-                    base._parameters["weight"] = weight
+        outer = self._original_weights
+        if merged is None and outer is None:  # nothing swapped, nothing to swap: the common case costs nothing
+            yield
+            return
+        saved = [base._parameters["weight"] for base in bases]
+        originals = outer or saved
+        chosen = [m if m is not None else o for m, o in zip(merged, originals)] if merged else originals
+        self._original_weights = originals if merged else None
+        try:
+            for base, weight in zip(bases, chosen):
+                base._parameters["weight"] = weight
+            yield
+        finally:
+            for base, weight in zip(bases, saved):
+                base._parameters["weight"] = weight
+            self._original_weights = outer
 
     def _merged_weights(self, adapter: str) -> list[nn.Parameter | None]:
         """The merged weight of each LoRA layer (None where the adapter is absent), rebuilt when a weight changed."""
-        bases = [layer.get_base_layer().weight for layer in self._tuner_layers]
+        bases = self._original_weights or [layer.get_base_layer().weight for layer in self._tuner_layers]
         stamp = (self._weights_stamp(adapter), _weights_version(bases))
         cached = self._merged_cache.get(adapter)
         if cached is None or cached[0] != stamp:

@@ -441,6 +441,14 @@ def test_decoder_runs_as_merged_weights_without_autograd(make_model, doc_ids):
         next(model.adapter_parameters(DECODER)).add_(0.5)  # an optimiser step or a load: the merged copy is rebuilt
     changed = logits(merged=True)
     assert not torch.allclose(changed, first, atol=1e-3) and torch.allclose(changed, logits(merged=False), atol=1e-5)
+    model.merged_adapters = (DECODER,)
+    with torch.no_grad():
+        with model.use_adapter(None):
+            base = model.llama(ids).logits
+        with model.use_adapter(DECODER), model.use_adapter(None):  # nested in a merged pass: the original weights
+            nested = model.llama(ids).logits
+    assert torch.equal(nested, base) and model._original_weights is None
+    assert [layer.get_base_layer().weight for layer in model._tuner_layers] == weights
     model.merged_adapters = (DECODER, ENCODER)  # the encoder merges too when asked (its last layer's q/o have none)
     doc = [doc_ids("alpha beta gamma delta epsilon")]
     with torch.no_grad():
