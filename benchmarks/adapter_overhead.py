@@ -65,12 +65,15 @@ def measure(model: NuggetModel, args) -> dict:
     runs = {"Full (adapters off)": ([], full_prompt, None, (), ())}
     runs |= {label: (states, prompt, adapter, prefix, merged) for label, (adapter, merged) in MODES.items()}
     times: dict[str, list[tuple[float, float]]] = {label: [] for label in runs}
-    with no_eos():
-        for _ in range(args.repeats + 1):  # rounds over all systems, so that a busy spell hits them alike
-            for label, (samples, ids, adapter, pre, merged) in runs.items():
-                model.merged_adapters = merged
-                times[label].append(timed_generation(model, samples, ids, adapter, args.steps, prefix=pre))
-    model.merged_adapters = (DECODER,)
+    setting = model.merged_adapters
+    try:
+        with no_eos():
+            for _ in range(args.repeats + 1):  # rounds over all systems, so that a busy spell hits them alike
+                for label, (samples, ids, adapter, pre, merged) in runs.items():
+                    model.merged_adapters = merged
+                    times[label].append(timed_generation(model, samples, ids, adapter, args.steps, prefix=pre))
+    finally:
+        model.merged_adapters = setting
     rows = {label: {"ttft_s": statistics.median(t[0] for t in measured[1:]),
                     "decode_s_per_token": statistics.median(t[1] for t in measured[1:])}
             for label, measured in times.items()}

@@ -432,16 +432,16 @@ class NuggetModel(nn.Module):
         wanted = [(self.document_opening if docs else []) if p is None else p for p, docs in zip(prefixes, samples)]
         heads = self.prefix_states(wanted, adapter)
         samples = [docs if head is None else [head, *docs] for head, docs in zip(heads, samples)]
-        rows = [self._concatenate(docs) for docs in samples]
-        width = max(1, max(len(shift) for *_, shift in rows))
-        keys = torch.stack([F.pad(k, (0, 0, 0, width - k.shape[2])) for k, *_ in rows], dim=1)
-        shift = torch.stack([F.pad(d, (0, width - len(d))) for *_, d in rows])  # padding: not moved
+        keys, values, biases, shifts = zip(*(self._concatenate(docs) for docs in samples))
+        width = max(1, max(len(d) for d in shifts))
+        keys = torch.stack([F.pad(k, (0, 0, 0, width - k.shape[2])) for k in keys], dim=1)
+        shift = torch.stack([F.pad(d, (0, width - len(d))) for d in shifts])  # padding: not moved
         return NuggetLayout(
             # every key of the batch moved to its new position in one rotation
             keys=rotate_keys(keys, shift[None, :, None, :], self.llama.model.rotary_emb.inv_freq),
-            values=torch.stack([F.pad(v, (0, 0, 0, width - v.shape[2])) for _, v, _, _ in rows], dim=1),
-            bias=torch.stack([F.pad(b, (0, width - b.shape[0]), value=float("-inf")) for _, _, b, _ in rows]),
-            counts=torch.tensor([len(d) for *_, d in rows], device=self.device),
+            values=torch.stack([F.pad(v, (0, 0, 0, width - v.shape[2])) for v in values], dim=1),
+            bias=torch.stack([F.pad(b, (0, width - len(b)), value=float("-inf")) for b in biases]),
+            counts=torch.tensor([len(d) for d in shifts], device=self.device),
         )
 
     def _concatenate(self, docs: Sequence[NuggetState]) -> tuple[torch.Tensor, ...]:
