@@ -11,7 +11,7 @@ from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.corpora import DataError
 from nugget_rag.model import NuggetModel
 from nugget_rag.train import objectives
-from nugget_rag.train.__main__ import main
+from nugget_rag.train.__main__ import build_parser, load_config, main
 from nugget_rag.train.checkpoint import checkpoints
 from nugget_rag.train.config import TrainConfig
 from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
@@ -195,6 +195,15 @@ def test_cli_trains_a_saved_llama_directory(data, tmp_path, capsys):
     assert (tmp_path / "run" / "final" / "nugget.safetensors").is_file()
     assert main(argv[:-2] + ["--eval-every", "-1"]) == 2
     assert "eval_every" in capsys.readouterr().err
+
+
+def test_mixed_precision_no_survives_yaml_parsing(tmp_path):
+    """YAML reads a bare `no` as False; as a flag or in a config file it must still mean 'no'."""
+    (tmp_path / "run.yaml").write_text("mixed_precision: no\noutput_dir: run\ndata: [{objective: qa, path: x.json}]\n")
+    from_file = load_config(build_parser().parse_args(["--config", str(tmp_path / "run.yaml")]))
+    from_flag = load_config(build_parser().parse_args(
+        ["--output-dir", "run", "--data", "qa:x.json", "--mixed-precision", "no"]))
+    assert from_file.mixed_precision == from_flag.mixed_precision == "no"
 
 
 @pytest.mark.parametrize("in_user_turn", [True, False])
