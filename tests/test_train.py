@@ -197,13 +197,17 @@ def test_cli_trains_a_saved_llama_directory(data, tmp_path, capsys):
     assert "eval_every" in capsys.readouterr().err
 
 
-def test_mixed_precision_no_survives_yaml_parsing(tmp_path):
-    """YAML reads a bare `no` as False; as a flag or in a config file it must still mean 'no'."""
+def test_flag_values_keep_their_types(tmp_path):
+    """YAML reads a bare `no` as False and `2026` as a number; flags and config files must still mean what they say."""
     (tmp_path / "run.yaml").write_text("mixed_precision: no\noutput_dir: run\ndata: [{objective: qa, path: x.json}]\n")
     from_file = load_config(build_parser().parse_args(["--config", str(tmp_path / "run.yaml")]))
     from_flag = load_config(build_parser().parse_args(
-        ["--output-dir", "run", "--data", "qa:x.json", "--mixed-precision", "no"]))
+        ["--output-dir", "2026", "--data", "qa:x.json,weight=2,dev_split=null", "--mixed-precision", "no",
+         "--base-model", "yes", "--optim.lr", "1e-3", "--gradient-checkpointing", "true", "--optim.betas", "[0.8, 0.9]"]))
     assert from_file.mixed_precision == from_flag.mixed_precision == "no"
+    assert (from_flag.output_dir.name, from_flag.base_model) == ("2026", "yes")
+    assert (from_flag.data[0].weight, from_flag.data[0].dev_split) == (2.0, None)
+    assert (from_flag.optim.lr, from_flag.gradient_checkpointing, from_flag.optim.betas) == (1e-3, True, (0.8, 0.9))
 
 
 @pytest.mark.parametrize("in_user_turn", [True, False])

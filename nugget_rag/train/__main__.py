@@ -73,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flag_value(text: str) -> object:
+    """A flag's value: YAML for lists, mappings and null; otherwise the string itself, which pydantic converts
+    to the setting's type (so `--output-dir 2026` stays a name and `--mixed-precision no` stays 'no')."""
+    if text.strip()[:1] in ("[", "{") or text.strip() in ("null", "~"):
+        return yaml.safe_load(text)
+    return text
+
+
 def parse_source(text: str) -> dict:
     """'qa:path/file.json,weight=2' -> {'objective': 'qa', 'path': ..., 'weight': '2'}."""
     head, _, rest = text.partition(",")
@@ -84,7 +92,7 @@ def parse_source(text: str) -> dict:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--data {text!r}: option {item!r} is not of the form name=value")
-        source[key.strip()] = yaml.safe_load(value)
+        source[key.strip()] = _flag_value(value)
     return source
 
 
@@ -105,7 +113,7 @@ def load_config(args: argparse.Namespace) -> TrainConfig:
             node = values
             for p in parents:
                 node = node.setdefault(p, {})
-            node[leaf] = yaml.safe_load(value)
+            node[leaf] = _flag_value(value)
     return TrainConfig.model_validate(values)
 
 
