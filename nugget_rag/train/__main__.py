@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import typing
 from collections.abc import Sequence
@@ -31,6 +32,18 @@ from pydantic import BaseModel, ValidationError
 
 from ..corpora import DataError
 from .config import Source, TrainConfig
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """YAML with 1.2's booleans (true/false only): `no`, `on`, `yes` stay strings for pydantic to read by type."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
 
 ALIASES = {"lr": "optim.lr", "ratio": "nugget.ratio", "warmup-steps": "optim.warmup_steps"}
 _SKIP = {"data"}
@@ -77,7 +90,7 @@ def _flag_value(text: str) -> object:
     """A flag's value: YAML for lists, mappings and null; otherwise the string itself, which pydantic converts
     to the setting's type (so `--output-dir 2026` stays a name and `--mixed-precision no` stays 'no')."""
     if text.strip()[:1] in ("[", "{") or text.strip() in ("null", "~"):
-        return yaml.safe_load(text)
+        return yaml.load(text, _Yaml12Loader)
     return text
 
 
@@ -102,7 +115,7 @@ def load_config(args: argparse.Namespace) -> TrainConfig:
         if not args.config.is_file():
             raise ValueError(f"config file {args.config} not found")
         text = args.config.read_text()
-        values = json.loads(text) if args.config.suffix == ".json" else yaml.safe_load(text) or {}
+        values = json.loads(text) if args.config.suffix == ".json" else yaml.load(text, _Yaml12Loader) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{args.config} must hold a mapping of settings, not {type(values).__name__}")
     if args.data:

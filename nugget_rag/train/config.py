@@ -117,12 +117,6 @@ class TrainConfig(BaseModel):
     cpu: bool = Field(False, description="Train on the CPU even when a GPU is present.")
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice).")
 
-    @field_validator("mixed_precision", mode="before")
-    @classmethod
-    def _precision_no(cls, value: object) -> object:
-        """YAML reads a bare `no` (flag or config file) as False; it means 'no' here."""
-        return "no" if value is False else value
-
     @field_validator("max_time", mode="before")
     @classmethod
     def _duration(cls, value: object) -> object:
