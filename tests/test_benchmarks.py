@@ -1,7 +1,8 @@
-"""The benchmark scripts' own logic (benchmarks/ is not a package: loaded by path)."""
+"""The benchmark and helper scripts' own logic (benchmarks/ and scripts/ are not packages: loaded by path)."""
 
 import argparse
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,11 @@ from tiny import tiny_base
 from nugget_rag.config import DECODER
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+SCRIPTS = Path(__file__).parent.parent / "scripts"
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+def load_script(name: str, folder: Path = BENCHMARKS):
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -58,3 +60,39 @@ def test_adapter_overhead_times_every_system_and_restores_the_merge_setting(make
     assert result["nuggets"] == 2 * 6 and model.merged_adapters == (DECODER,)
     narrow = overhead.narrowed(tiny_base(layers=3), 16)
     assert narrow.model.config.hidden_size == 16 and narrow.model.config.num_hidden_layers == 3
+
+
+def test_teacher_answers_keep_correct_ones_cut_at_a_sentence(monkeypatch, make_model, tmp_path):
+    teacher = load_script("teacher_answers", SCRIPTS)
+    assert teacher.kept_answer("It was Paris.", ["London"]) is None
+    assert teacher.kept_answer(" Paris is the capital. ", ["paris"]) == "Paris is the capital."
+    assert teacher.kept_answer("Paris is the capital. It has the Louvre and", ["Paris"]) == "Paris is the capital."
+    assert teacher.kept_answer("It is big. Paris has the Louvre and", ["Paris"]) == "It is big. Paris has the Louvre and"
+
+    model = make_model()
+    records = [{"id": str(i), "context": f"Passage {i} about cats.", "question": f"Question {i}?",
+                "answers": ["cats"]} for i in range(5)]
+    answered = list(teacher.teacher_answers(model, records, batch_size=2, max_new_tokens=3))
+    assert sorted(r["id"] for r, _ in answered) == [r["id"] for r in records]
+    assert all(isinstance(text, str) for _, text in answered)
+
+    # main(): keeps the answers with a gold answer, and a re-run asks only the questions not answered yet
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps({"data": [{"paragraphs": [{"context": r["context"], "qas": [
+        {"id": r["id"], "question": r["question"], "answers": [{"text": "cats"}]}]} for r in records]}]}))
+    asked = []
+
+    def fake_answers(model, todo, batch_size, max_new_tokens):
+        asked.extend(r["id"] for r in todo)
+        return ((r, "They are cats." if int(r["id"]) % 2 else "Dogs.") for r in todo)
+
+    monkeypatch.setattr(teacher, "teacher_answers", fake_answers)
+    monkeypatch.setattr(teacher.NuggetModel, "from_pretrained", lambda *a, **k: model)
+    out = tmp_path / "teacher.jsonl"
+    teacher.main(["--squad", str(squad), "--split", "train", "--n", "3", "--out", str(out)])
+    first = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(asked) == 3 and {r["id"] for r in first} == {i for i in asked if int(i) % 2}
+    assert all(r["answers"] == ["They are cats."] and r["gold"] == ["cats"] for r in first)
+    teacher.main(["--squad", str(squad), "--split", "train", "--out", str(out)])
+    assert sorted(asked) == [r["id"] for r in records]  # every question asked exactly once over both runs
+    assert len(out.read_text().splitlines()) == 2
