@@ -5,9 +5,12 @@
 
 Each answer is Full's (the eval harness's reference): the passage as text in the prompt, greedy, at most 64 new
 tokens, adapters off. Only answers that contain a gold answer (App. E normalisation) are kept; one cut off by the
-token limit is shortened to its last complete sentence when that still contains a gold answer. The output is a
-QA JSONL file (`context`, `question`, `answers`; `gold` and `id` for reference) that trains as
-`--data qa:<file>` (TRAINING.md, "Distilled answers"). Re-running appends only the questions not yet answered.
+token limit is kept only as its longest run of whole sentences that still contains a gold answer. The output is a
+QA JSONL file (`id`, `context`, `question`, `answers`: the teacher's answer, the training target, then the gold
+answers, which the trainer's dev accuracy scores against) that trains as `--data qa:<file>` (TRAINING.md, "Stage 2
+on distilled answers"). The trainer holds out every 20th line as dev; questions on one passage can fall on both
+sides, so that dev loss only monitors training (score on SQuAD's dev articles). Questions not kept go to
+`<out>.rejected.jsonl` with the reason. Re-running with the same settings asks only the questions not yet asked.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import argparse
 import json
 import logging
 import random
+import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -29,23 +34,26 @@ from nugget_rag.model import NuggetModel
 from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages, render_instruction
 
 log = logging.getLogger("teacher_answers")
-SENTENCE_ENDS = (".", "!", "?", '"', ")")
+# a sentence's end: . ! ? (and a closing quote or bracket) after a lower-case letter or a closing mark, so that
+# list numbers ("1. "), initials and "U.S." do not end one
+SENTENCE_END = re.compile(r"(?<=[a-z%)\]\"'])[.!?][\"')\]]?(?=\s|$)")
 
 
-def kept_answer(answer: str, gold: Sequence[str]) -> str | None:
-    """The answer to train on, or None when it contains no gold answer."""
+def kept_answer(answer: str, gold: Sequence[str], truncated: bool) -> str | None:
+    """The answer to train on, or None: it contains no gold answer, or it was cut off by the token limit and no
+    whole sentences of it contain one (the decoder must not learn to stop mid-sentence)."""
     answer = answer.strip()
     if not answer_correct(answer, gold):
         return None
-    end = answer.rfind(". ")
-    if not answer.endswith(SENTENCE_ENDS) and end > 0 and answer_correct(answer[: end + 1], gold):
-        return answer[: end + 1]
-    return answer
+    if not truncated:
+        return answer
+    ends = [m.end() for m in SENTENCE_END.finditer(answer)]
+    return next((answer[:end] for end in reversed(ends) if answer_correct(answer[:end], gold)), None)
 
 
 def teacher_answers(model: NuggetModel, records: Sequence[dict], batch_size: int,
-                    max_new_tokens: int) -> Iterator[tuple[dict, str]]:
-    """(record, Full's answer) for every record, in batches of similar prompt length."""
+                    max_new_tokens: int) -> Iterator[tuple[dict, str, bool]]:
+    """(record, Full's answer, whether the token limit cut it off) for every record, batched by prompt length."""
     tok = model.tokenizer
     prompts = [chat_token_ids(tok, full_context_messages([r["context"]], render_instruction(QA_PROMPT, r["question"])))
                for r in records]
@@ -54,7 +62,9 @@ def teacher_answers(model: NuggetModel, records: Sequence[dict], batch_size: int
     for start in tqdm(range(0, len(order), batch_size), desc="teacher answers"):
         chunk = order[start : start + batch_size]
         texts = generate(model, [[] for _ in chunk], [prompts[i] for i in chunk], settings, adapter=None)
-        yield from ((records[i], text) for i, text in zip(chunk, texts))
+        for i, text in zip(chunk, texts):
+            # re-tokenising may merge a token or two, hence the margin
+            yield records[i], text, len(tok(text, add_special_tokens=False)["input_ids"]) >= max_new_tokens - 2
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -75,31 +85,40 @@ def main(argv: Sequence[str] | None = None) -> None:
     records = corpora.read_squad(args.squad, args.split)
     random.Random(args.seed).shuffle(records)
     records = records[: args.n]
-    asked = _ids(args.out, lambda line: json.loads(line)["id"]) | _ids(_rejected(args.out), lambda line: line.split("\t")[0])
+    asked = _ids(args.out) | _ids(_rejected(args.out))
     todo = [r for r in records if r["id"] not in asked]
     model = NuggetModel.from_pretrained(None, base_model=args.base_model).eval()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    kept = 0
-    with args.out.open("a") as out, _rejected(args.out).open("a") as rejected:
-        for record, text in teacher_answers(model, todo, args.batch_size, args.max_new_tokens):
-            answer = kept_answer(text, record["answers"])
+    counts: Counter[str] = Counter()
+    with args.out.open("a", buffering=1) as out, _rejected(args.out).open("a", buffering=1) as rejected:
+        for record, text, truncated in teacher_answers(model, todo, args.batch_size, args.max_new_tokens):
+            answer = kept_answer(text, record["answers"], truncated)
             if answer is None:
-                rejected.write(f"{record['id']}\t{json.dumps(text)}\n")
+                reason = "no gold answer" if not answer_correct(text, record["answers"]) else "cut off"
+                counts[reason] += 1
+                rejected.write(json.dumps({"id": record["id"], "reason": reason, "answer": text}) + "\n")
                 continue
-            kept += 1
+            counts["kept, cut back to whole sentences" if truncated else "kept"] += 1
+            # answers[0] is the training target; the gold answers stay references for the trainer's dev accuracy
             out.write(json.dumps({"id": record["id"], "context": record["context"], "question": record["question"],
-                                  "answers": [answer], "gold": record["answers"]}) + "\n")
-    log.info("%d of %d new answers contain a gold answer; %d questions were answered before", kept, len(todo),
-             len(asked))
+                                  "answers": [answer, *record["answers"]]}) + "\n")
+    log.info("%d new questions: %s; %d were answered before", len(todo), dict(counts), len(asked))
 
 
-def _ids(path: Path, read) -> set[str]:
-    return {read(line) for line in path.read_text().splitlines() if line.strip()} if path.is_file() else set()
+def _ids(path: Path) -> set[str]:
+    """Question ids already in a JSONL file, after dropping a last line left half-written by a killed run."""
+    if not path.is_file():
+        return set()
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        path.write_text(text)
+    return {json.loads(line)["id"] for line in text.splitlines() if line.strip()}
 
 
 def _rejected(out: Path) -> Path:
-    """Questions whose answer was not kept (id, answer), so that a re-run does not ask them again."""
-    return out.with_suffix(".rejected.tsv")
+    """Questions whose answer was not kept (JSONL: id, reason, answer), so that a re-run does not ask them again."""
+    return out.with_suffix(".rejected.jsonl")
 
 
 if __name__ == "__main__":

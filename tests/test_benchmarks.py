@@ -64,19 +64,23 @@ def test_adapter_overhead_times_every_system_and_restores_the_merge_setting(make
 
 def test_teacher_answers_keep_correct_ones_cut_at_a_sentence(monkeypatch, make_model, tmp_path):
     teacher = load_script("teacher_answers", SCRIPTS)
-    assert teacher.kept_answer("It was Paris.", ["London"]) is None
-    assert teacher.kept_answer(" Paris is the capital. ", ["paris"]) == "Paris is the capital."
-    assert teacher.kept_answer("Paris is the capital. It has the Louvre and", ["Paris"]) == "Paris is the capital."
-    assert teacher.kept_answer("It is big. Paris has the Louvre and", ["Paris"]) == "It is big. Paris has the Louvre and"
+    assert teacher.kept_answer("It was Paris.", ["London"], truncated=False) is None
+    assert teacher.kept_answer(" Paris is the capital. ", ["paris"], truncated=False) == "Paris is the capital."
+    assert teacher.kept_answer("Paris is big, and", ["Paris"], truncated=False) == "Paris is big, and"
+    # cut off by the token limit: the longest whole sentences with a gold answer, or nothing
+    cut = "Paris is the capital. It is big. It has the Louvre and"
+    assert teacher.kept_answer(cut, ["Paris"], truncated=True) == "Paris is the capital. It is big."
+    assert teacher.kept_answer("It is big. Paris has the Louvre and", ["Paris"], truncated=True) is None
+    assert teacher.kept_answer("1. Paris 2. London and", ["Paris"], truncated=True) is None  # no list numbers
 
     model = make_model()
     records = [{"id": str(i), "context": f"Passage {i} about cats.", "question": f"Question {i}?",
                 "answers": ["cats"]} for i in range(5)]
     answered = list(teacher.teacher_answers(model, records, batch_size=2, max_new_tokens=3))
-    assert sorted(r["id"] for r, _ in answered) == [r["id"] for r in records]
-    assert all(isinstance(text, str) for _, text in answered)
+    assert sorted(r["id"] for r, _, _ in answered) == [r["id"] for r in records]
+    assert all(isinstance(text, str) and isinstance(cut, bool) for _, text, cut in answered)
 
-    # main(): keeps the answers with a gold answer, and a re-run asks only the questions not answered yet
+    # main(): keeps the answers with a gold answer, and a re-run asks only the questions not asked yet
     squad = tmp_path / "squad.json"
     squad.write_text(json.dumps({"data": [{"paragraphs": [{"context": r["context"], "qas": [
         {"id": r["id"], "question": r["question"], "answers": [{"text": "cats"}]}]} for r in records]}]}))
@@ -84,7 +88,7 @@ def test_teacher_answers_keep_correct_ones_cut_at_a_sentence(monkeypatch, make_m
 
     def fake_answers(model, todo, batch_size, max_new_tokens):
         asked.extend(r["id"] for r in todo)
-        return ((r, "They are cats." if int(r["id"]) % 2 else "Dogs.") for r in todo)
+        return ((r, "They are cats." if int(r["id"]) % 2 else "Dogs.", False) for r in todo)
 
     monkeypatch.setattr(teacher, "teacher_answers", fake_answers)
     monkeypatch.setattr(teacher.NuggetModel, "from_pretrained", lambda *a, **k: model)
@@ -92,7 +96,13 @@ def test_teacher_answers_keep_correct_ones_cut_at_a_sentence(monkeypatch, make_m
     teacher.main(["--squad", str(squad), "--split", "train", "--n", "3", "--out", str(out)])
     first = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(asked) == 3 and {r["id"] for r in first} == {i for i in asked if int(i) % 2}
-    assert all(r["answers"] == ["They are cats."] and r["gold"] == ["cats"] for r in first)
+    assert all(r["answers"] == ["They are cats.", "cats"] for r in first)  # target, then the gold references
+    rejected = [json.loads(line) for line in teacher._rejected(out).read_text().splitlines()]
+    assert {r["id"] for r in rejected} == {i for i in asked if not int(i) % 2}
+    assert all(r["reason"] == "no gold answer" for r in rejected)
+    with out.open("a") as f:  # a run killed mid-line
+        f.write('{"id": "half-writ')
     teacher.main(["--squad", str(squad), "--split", "train", "--out", str(out)])
     assert sorted(asked) == [r["id"] for r in records]  # every question asked exactly once over both runs
-    assert len(out.read_text().splitlines()) == 2
+    kept = [json.loads(line) for line in out.read_text().splitlines()]  # the half-written line is gone
+    assert sorted(r["id"] for r in kept) == ["1", "3"]
