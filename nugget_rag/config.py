@@ -59,6 +59,11 @@ class NuggetConfig(BaseModel):
     @field_validator("ratio", mode="before")
     @classmethod
     def _check_ratio(cls, value: object) -> float:
+        if isinstance(value, str):  # from a CLI flag or an environment variable
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"ratio must be a number >= 1 (such as 10), got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"ratio must be a number >= 1 (such as 10), got {value!r}")
         if not math.isfinite(value) or value < 1:

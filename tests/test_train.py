@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+from pydantic import ValidationError
 from tiny import tiny_base
 
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
@@ -14,6 +15,7 @@ from nugget_rag.train import objectives
 from nugget_rag.train.__main__ import build_parser, load_config, main
 from nugget_rag.train.checkpoint import checkpoints
 from nugget_rag.train.config import TrainConfig
+from nugget_rag.train.data import ExampleStream, Mixture
 from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
 
 WORDS = "the cat sat on a mat while dogs ran far away into green hills under blue skies".split()
@@ -140,6 +142,7 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(data, tmp_path, mo
     lines = [json.loads(x) for x in (tmp_path / "b" / "run" / METRICS_FILE).read_text().splitlines()]
     steps = [x["step"] for x in lines if x["kind"] == "train"]
     assert steps == [1, 2, 3, 4, 5, 6]  # the dead run's step-3 line was dropped on resume
+    assert [x["source"] for x in lines if x["kind"] == "data"] == ["autoencoding:docs", "qa:squad"]  # once, kept
     assert [x["step"] for x in resumed.losses] == [3, 4, 5, 6]
     for a, b in zip(straight.losses[2:], resumed.losses):
         assert {k: v for k, v in a.items() if k.startswith("loss/")} == {k: v for k, v in b.items() if k.startswith("loss/")}
@@ -167,6 +170,35 @@ def test_bad_data_is_named_before_training(data, tmp_path):
         Trainer(config(tmp_path, [source("continuation", data)], lengths={**LENGTHS, "query": 600}), tiny_model())
     with pytest.raises(ValueError, match="test"):
         config(tmp_path, [{**source("qa", data), "split": "test"}])
+    with pytest.raises(ValueError, match="dev_split='test'"):
+        config(tmp_path, [{**source("qa", data), "dev_split": "test"}])
+
+
+def test_a_file_with_a_test_part_is_read_only_by_part(data, tmp_path):
+    """splits.json (as in ../shared/data) fixes the parts; no setting may read the test part into training."""
+    (data / "splits.json").write_text(json.dumps({"squad.json": {"train": [0, 30], "dev": [30, 35], "test": [35, 40]}}))
+    assert Trainer(config(tmp_path, [source("qa", data)], max_steps=1), tiny_model()).data_lines[0]["examples"] == 30
+    with pytest.raises(DataError, match="split=None would read all of squad.json"):
+        Trainer(config(tmp_path, [{**source("qa", data), "split": None}]), tiny_model())
+    with pytest.raises(DataError, match="format=auto, not format=text"):
+        Trainer(config(tmp_path, [{"objective": "autoencoding", "path": str(data / "squad.json"), "format": "text"}]),
+                tiny_model())
+
+
+def test_processes_draw_disjoint_slices_of_one_batch():
+    """Under DDP every process keeps its own slice of the same draw, so the effective batch grows with the processes."""
+    examples = [{"input_ids": [i + 1], "target_start": 0, "documents": [[i + 1]], "references": [str(i)],
+                 "prefix": []} for i in range(40)]
+
+    def batches(rank: int, world: int, batch_size: int) -> list[list[int]]:
+        mixture = Mixture([ExampleStream(examples, seed=3)], [1.0], 0, batch_size, 0, rank=rank, world=world)
+        return [mixture.next_batch().input_ids[:, 0].tolist() for _ in range(5)]
+
+    alone, first, second = batches(0, 1, 4), batches(0, 2, 2), batches(1, 2, 2)
+    for whole, a, b in zip(alone, first, second):
+        assert sorted(a + b) == sorted(whole) and not set(a) & set(b)
+    with pytest.raises(ValueError, match="rank 2"):
+        Mixture([ExampleStream(examples, seed=3)], [1.0], 0, 2, 0, rank=2, world=2)
 
 
 def test_empty_documents_are_skipped_and_counted(data, tmp_path):
@@ -203,11 +235,15 @@ def test_flag_values_keep_their_types(tmp_path):
     from_file = load_config(build_parser().parse_args(["--config", str(tmp_path / "run.yaml")]))
     from_flag = load_config(build_parser().parse_args(
         ["--output-dir", "2026", "--data", "qa:x.json,weight=2,dev_split=null", "--mixed-precision", "no",
-         "--base-model", "yes", "--optim.lr", "1e-3", "--gradient-checkpointing", "true", "--optim.betas", "[0.8, 0.9]"]))
+         "--base-model", "yes", "--optim.lr", "1e-3", "--gradient-checkpointing", "true", "--optim.betas", "[0.8, 0.9]",
+         "--nugget.ratio", "2.5"]))
     assert from_file.mixed_precision == from_flag.mixed_precision == "no"
     assert (from_flag.output_dir.name, from_flag.base_model) == ("2026", "yes")
     assert (from_flag.data[0].weight, from_flag.data[0].dev_split) == (2.0, None)
     assert (from_flag.optim.lr, from_flag.gradient_checkpointing, from_flag.optim.betas) == (1e-3, True, (0.8, 0.9))
+    assert from_flag.nugget.ratio == 2.5
+    with pytest.raises(ValidationError, match="ratio must be a number >= 1"):
+        NuggetConfig(ratio="ten")
 
 
 @pytest.mark.parametrize("in_user_turn", [True, False])

@@ -68,9 +68,7 @@ def save(output_dir: Path, step: int, model, optimizer: torch.optim.Optimizer, s
         "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
     }
     _write_json(tmp / STATE_FILE, meta)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    publish(tmp, final)
     for old in checkpoints(output_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("saved %s", final)
@@ -90,7 +88,7 @@ def load(directory: Path, optimizer: torch.optim.Optimizer, scheduler) -> dict:
     scheduler.load_state_dict(meta["scheduler"])
     rng = load_file(directory / "rng.safetensors")
     torch.set_rng_state(rng["torch"])
-    cuda = [rng[k] for k in sorted(k for k in rng if k.startswith("cuda."))]
+    cuda = [rng[k] for k in sorted((k for k in rng if k.startswith("cuda.")), key=lambda k: int(k[5:]))]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
     version, values, gauss = meta["python_rng"]
@@ -98,6 +96,24 @@ def load(directory: Path, optimizer: torch.optim.Optimizer, scheduler) -> dict:
     kind, keys, pos, has_gauss, cached = meta["numpy_rng"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     return meta
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Move a fully written directory into place: its files and the rename are fsynced, an older `final` replaced."""
+    for path in filter(Path.is_file, tmp.iterdir()):
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
+    old = final.with_name(f".old-{final.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    directory = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def _write_json(path: Path, data: dict) -> None:

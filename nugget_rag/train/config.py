@@ -49,6 +49,8 @@ class Source(BaseModel):
     def _check(self) -> Source:
         if self.split == "test":
             raise ValueError(f"source {self.path}: split='test' is reserved for evaluation; train on 'train'")
+        if self.dev_split == "test":
+            raise ValueError(f"source {self.path}: dev_split='test' would tune on the test part; use 'dev'")
         if self.full_context and self.objective not in ("qa", "summarization"):
             raise ValueError(f"source {self.path}: full_context applies to qa and summarization, not {self.objective}")
         return self

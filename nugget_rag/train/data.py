@@ -79,20 +79,37 @@ def _files(path: Path, fmt: str | None) -> list[Path]:
     return files
 
 
-def _has_splits(path: Path) -> bool:
+def _splits_entry(path: Path) -> dict | None:
+    """The splits.json entry of a file (as in ../shared/data), or None."""
     table = path.parent / corpora.SPLITS_FILE
-    return path.is_file() and table.is_file() and path.name in json.loads(table.read_text())
+    if not (path.is_file() and table.is_file()):
+        return None
+    return json.loads(table.read_text()).get(path.name)
+
+
+def _guard_test_part(source: Source, fmt: str, split: str | None) -> None:
+    """A file whose splits.json names a test part is read only by part, and in the units those parts count."""
+    native = resolve_format(source.model_copy(update={"format": "auto"}))
+    name = Path(source.path).name
+    if fmt != native:
+        raise corpora.DataError(f"{name} is split by {corpora.SPLITS_FILE} in units of its {native} format; read it "
+                                f"with format=auto, not format={fmt}, so that its test part stays out")
+    if split is None:
+        raise corpora.DataError(f"split=None would read all of {name}, its test part included; use split='train'")
 
 
 def load_records(source: Source, split: str | None) -> datasets.Dataset | datasets.IterableDataset:
     """The raw records of `split` of a source, in one schema per objective (see `corpora`)."""
     fmt = resolve_format(source)
     path = Path(source.path)
+    entry = _splits_entry(path) if fmt != "hub" else None
+    if entry is not None and entry.get("test") is not None:
+        _guard_test_part(source, fmt, split)
     if fmt == "squad":
         return datasets.Dataset.from_list(corpora.read_squad(path, split))
     if fmt == "hotpotqa":
         return datasets.Dataset.from_list(corpora.read_hotpotqa(path, split))
-    if fmt != "hub" and _has_splits(path):  # a file of ../shared/data: its splits.json decides
+    if entry is not None:  # a file of ../shared/data: its splits.json decides
         if source.objective == "summarization":
             records = corpora.read_summarization(path, split, source.document_field, source.summary_field)
         else:
@@ -380,10 +397,18 @@ def collate(examples: list[dict], source: int, pad_id: int) -> Batch:
 
 
 class Mixture:
-    """Batches drawn from the sources by weight; which source a micro-batch comes from depends only on (seed, draw)."""
+    """Batches drawn from the sources by weight; which source a micro-batch comes from depends only on (seed, draw).
 
-    def __init__(self, streams: list[ExampleStream], weights: list[float], seed: int, batch_size: int, pad_id: int):
+    With several processes (`world`), every process draws the same `batch_size * world` examples and keeps its own
+    slice, so the processes train on different examples while their data positions stay identical.
+    """
+
+    def __init__(self, streams: list[ExampleStream], weights: list[float], seed: int, batch_size: int, pad_id: int,
+                 rank: int = 0, world: int = 1):
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not one of the {world} processes")
         self.streams, self.seed, self.batch_size, self.pad_id = streams, seed, batch_size, pad_id
+        self.rank, self.world = rank, world
         total = sum(weights)
         self.cumulative = np.cumsum([w / total for w in weights])
         self.draws = 0
@@ -392,7 +417,8 @@ class Mixture:
         u = np.random.default_rng([self.seed, 7, self.draws]).random()
         source = min(int(np.searchsorted(self.cumulative, u, side="right")), len(self.streams) - 1)
         self.draws += 1
-        return collate(self.streams[source].take(self.batch_size), source, self.pad_id)
+        examples = self.streams[source].take(self.batch_size * self.world)
+        return collate(examples[self.rank :: self.world], source, self.pad_id)
 
     def state_dict(self) -> dict:
         return {"draws": self.draws, "streams": [s.state_dict() for s in self.streams]}

@@ -6,6 +6,8 @@ import importlib.util
 import json
 import logging
 import math
+import os
+import shutil
 import time
 from collections import defaultdict
 from contextlib import nullcontext
@@ -119,13 +121,14 @@ class Trainer:
         cfg, tok = self.config, self.model.tokenizer
         cache = self.out / "cache"
         streams, dev = [], []
+        self.data_lines: list[dict] = []  # written to the metrics once a resume has trimmed them
         for i, (source, name) in enumerate(zip(cfg.data, self.names)):
             builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, self.model.config.ratio,
                                      cfg.seed, in_user_turn=self.model.config.placement == "in_user_turn")
             examples, skipped = build_examples(source, source.split, builder, cache)
             count = "streamed" if skipped is None else len(examples)
             log.info("%s: %s training examples; skipped %s", name, count, dict(skipped or {}) or "none")
-            self._metric({"kind": "data", "source": name, "examples": count, "skipped": dict(skipped or {})})
+            self.data_lines.append({"kind": "data", "source": name, "examples": count, "skipped": dict(skipped or {})})
             streams.append(ExampleStream(examples, seed=cfg.seed * 1000 + i))
             held = []
             if source.dev_split is not None:
@@ -135,7 +138,10 @@ class Trainer:
                 else:
                     held = [e for e in examples.take(4 * cfg.eval_examples) if not e["skip"]][: cfg.eval_examples]
             dev.append(held)
-        return Mixture(streams, [s.weight for s in cfg.data], cfg.seed, cfg.batch_size, tok.pad_token_id), dev
+        acc = self.accelerator
+        mixture = Mixture(streams, [s.weight for s in cfg.data], cfg.seed, cfg.batch_size, tok.pad_token_id,
+                          rank=acc.process_index, world=acc.num_processes)
+        return mixture, dev
 
     def _optimizer(self) -> torch.optim.Optimizer:
         opt, model = self.config.optim, self.model
@@ -160,6 +166,8 @@ class Trainer:
         cfg, acc = self.config, self.accelerator
         self.out.mkdir(parents=True, exist_ok=True)
         self._resume()
+        for line in self.data_lines:
+            self._metric(line)
         if acc.is_main_process:
             (self.out / CONFIG_FILE).write_text(json.dumps(cfg.resume_key(), indent=1))
         start, losses, window = time.monotonic(), [], _Window()
@@ -205,7 +213,10 @@ class Trainer:
             self.evaluate()
         final = self.out / FINAL_DIR
         if acc.is_main_process:
-            self.model.save_pretrained(final, dtype=getattr(torch, cfg.export_dtype))
+            staging = self.out / f".tmp-{FINAL_DIR}"
+            shutil.rmtree(staging, ignore_errors=True)
+            self.model.save_pretrained(staging, dtype=getattr(torch, cfg.export_dtype))
+            checkpoint.publish(staging, final)
             self.plot()
         acc.end_training()
         return TrainResult(self.step, self.out, final, losses)
@@ -217,6 +228,12 @@ class Trainer:
         self.model.load_parts(found)
         meta = checkpoint.load(found, self.optimizer, self.scheduler)
         self.mixture.load_state_dict(meta["data"])
+        if meta.get("scaler") and self.accelerator.scaler is not None:
+            self.accelerator.scaler.load_state_dict(meta["scaler"])
+        if meta.get("max_steps", self.config.max_steps) != self.config.max_steps:
+            log.warning("resuming a run of max_steps=%d with max_steps=%d: the learning-rate schedule now spans the "
+                        "new number of steps, so the rate changes from here on", meta["max_steps"],
+                        self.config.max_steps)
         self.step = meta["step"]
         self._truncate_metrics(self.step)
         log.info("resumed from %s at step %d", found, self.step)
@@ -224,8 +241,11 @@ class Trainer:
     def _save(self) -> None:
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
-            checkpoint.save(self.out, self.step, self.model, self.optimizer, self.scheduler,
-                            {"data": self.mixture.state_dict()}, self.config.keep_last)
+            scaler = self.accelerator.scaler
+            state = {"data": self.mixture.state_dict(), "max_steps": self.config.max_steps,
+                     "scaler": scaler.state_dict() if scaler is not None else None}
+            checkpoint.save(self.out, self.step, self.model, self.optimizer, self.scheduler, state,
+                            self.config.keep_last)
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -293,7 +313,9 @@ class Trainer:
         if self.accelerator.is_main_process and path.is_file():
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
             kept = [x for x in lines if x.get("step", 0) <= step and x.get("kind") != "data"]
-            path.write_text("".join(json.dumps(x) + "\n" for x in kept))
+            tmp = path.with_name(f".tmp-{path.name}")
+            tmp.write_text("".join(json.dumps(x) + "\n" for x in kept))
+            os.replace(tmp, path)
 
     def plot(self) -> Path | None:
         """Train loss per source and dev loss against steps, as loss.png."""
