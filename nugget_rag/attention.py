@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 ATTENTION_NAME = "nugget_sdpa"
 
@@ -88,17 +90,22 @@ def nugget_attention(
     nuggets: CaptureNuggets | ReadNuggets | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA with an optional nugget prefix; causal by default. Returns [batch, q, heads, head_dim]."""
-    mask = attention_mask
-    if nuggets is not None:
-        key, value, mask = nuggets.extend(module.layer_idx, key, value, query.shape[2])
+    """SDPA with an optional nugget prefix; causal by default. Returns [batch, q, heads, head_dim].
+
+    Without `nuggets` (a plain forward of the base model) it is transformers' SDPA with the mask transformers
+    built, so padding and KV caches work as they do for the unwrapped model.
+    """
+    if nuggets is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    key, value, mask = nuggets.extend(module.layer_idx, key, value, query.shape[2])
     out = F.scaled_dot_product_attention(
         query,
         key,
         value,
         attn_mask=mask,
         dropout_p=dropout,
-        is_causal=mask is None and query.shape[2] > 1,
+        is_causal=mask is None and query.shape[2] > 1,  # an encoder pass: plain causal attention
         scale=scaling,
         enable_gqa=key.shape[1] != query.shape[1],
     )
@@ -106,6 +113,7 @@ def nugget_attention(
 
 
 AttentionInterface.register(ATTENTION_NAME, nugget_attention)
+AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
 
 
 def rotate_keys(keys: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:

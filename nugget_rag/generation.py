@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -16,6 +17,8 @@ from transformers import (
 from .config import DECODER
 from .model import NuggetModel
 from .state import NuggetState
+
+log = logging.getLogger(__name__)
 
 
 class GenerationSettings(BaseModel):
@@ -118,9 +121,12 @@ def stream_generate(
     input_ids, token_mask = model._pad(prompts, left=True)
     layout = model.layout(samples, prefixes, adapter)
     embeds, token_mask = model.embed(input_ids, token_mask, soft_prompt)
-    model.check_positions(int(layout.counts.max()), embeds.shape[1] + 1)
+    model.check_positions(int(layout.counts.max()), embeds.shape[1] + 1)  # room for one new token at least
     budget = model.max_positions - int(layout.counts.max()) - embeds.shape[1]
     steps = min(settings.max_new_tokens, budget)
+    if steps < settings.max_new_tokens:
+        log.warning("max_new_tokens=%d cut to %d: the states and prompt take the rest of the model's %d positions",
+                    settings.max_new_tokens, steps, model.max_positions)
     eos = _eos_ids(model)
     generator = torch.Generator(model.device).manual_seed(settings.seed) if settings.seed is not None else None
     trackers = [_TextTracker(model.tokenizer, settings.stop) for _ in prompts]
@@ -129,35 +135,37 @@ def stream_generate(
     generated = torch.zeros(len(prompts), 0, dtype=torch.long, device=model.device)
     positions = layout.counts[:, None] + token_mask.long().cumsum(1) - 1
     inner = model.llama.model
-    with model.lock, model.use_adapter(adapter):
-        for step in range(steps):
+    for step in range(steps):
+        # The model is shared: hold it for one step, never across a yield, so that other calls (another stream,
+        # a compression) interleave with a paused stream instead of waiting for it. The KV cache is this call's own.
+        with model.lock, model.use_adapter(adapter):
             hidden = inner(
                 inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(token_mask, embeds.shape[1]),
                 past_key_values=cache, use_cache=True,
             ).last_hidden_state
             logits = model.llama.lm_head(hidden[:, -1])
-            if processors and generated.shape[1]:
-                logits = processors(generated, logits)
-            tokens = _next_token(logits, settings, generator)
-            if processors:  # only the repetition settings need the history
-                generated = torch.cat([generated, tokens[:, None]], dim=1)
-            pieces = []
-            for tracker, token in zip(trackers, tokens.tolist()):
-                if tracker.done:
-                    pieces.append("")
-                elif token in eos:
-                    pieces.append(tracker.finish())
-                    tracker.done = True
-                else:
-                    pieces.append(tracker.add(token))
-            if step == steps - 1 or all(t.done for t in trackers):
-                pieces = [p + t.finish() for p, t in zip(pieces, trackers)]
-                yield pieces
-                return
+        if processors and generated.shape[1]:
+            logits = processors(generated, logits)
+        tokens = _next_token(logits, settings, generator)
+        if processors:  # only the repetition settings need the history
+            generated = torch.cat([generated, tokens[:, None]], dim=1)
+        pieces = []
+        for tracker, token in zip(trackers, tokens.tolist()):
+            if tracker.done:
+                pieces.append("")
+            elif token in eos:
+                pieces.append(tracker.finish())
+                tracker.done = True
+            else:
+                pieces.append(tracker.add(token))
+        if step == steps - 1 or all(t.done for t in trackers):
+            pieces = [p + t.finish() for p, t in zip(pieces, trackers)]
             yield pieces
-            embeds = inner.embed_tokens(tokens[:, None])
-            token_mask = torch.cat([token_mask, token_mask.new_ones(len(prompts), 1)], dim=1)
-            positions = positions[:, -1:] + 1
+            return
+        yield pieces
+        embeds = inner.embed_tokens(tokens[:, None])
+        token_mask = torch.cat([token_mask, token_mask.new_ones(len(prompts), 1)], dim=1)
+        positions = positions[:, -1:] + 1
 
 
 def generate(

@@ -87,6 +87,11 @@ class NuggetModel(nn.Module):
                         target_modules=list(lora.target_modules), bias="none")
         # Nuggets are keys/values: the encoder's last query and output projections never shape them.
         unused = rf".*layers\.{lm.config.num_hidden_layers - 1}\.self_attn\.(q_proj|o_proj)"
+        rope_type = (getattr(lm.config, "rope_parameters", None) or {}).get("rope_type", "default")
+        if rope_type in ("dynamic", "longrope"):
+            raise ValueError(f"{base.name} uses rope_type={rope_type!r}, whose frequencies depend on the sequence "
+                             "length, so nuggets encoded alone cannot be moved exactly to their place in a prompt; "
+                             "use a checkpoint with fixed rotary frequencies (default, linear, llama3, yarn)")
         if not 1 <= self.config.scorer_layer <= lm.config.num_hidden_layers:
             raise ValueError(
                 f"scorer_layer={self.config.scorer_layer} is outside the model's 1..{lm.config.num_hidden_layers} layers"
@@ -246,17 +251,21 @@ class NuggetModel(nn.Module):
         return checkpoint(replay, *args, use_reentrant=False)
 
     # ------------------------------------------------------------------ identity
-    def fingerprint(self, ratio: float | None = None) -> str:
-        """Digest of everything that shapes a NuggetState: base model, encoder adapter, Scorer, r, dtype."""
+    def fingerprint(self, ratio: float | None = None, adapter: str | None = ENCODER,
+                    segment_tokens: int | None = None) -> str:
+        """Digest of everything that shapes a NuggetState: base model, the compressing adapter (weights and LoRA
+        settings), Scorer, r, segment length, dtype."""
         ratio = self.config.ratio if ratio is None else ratio
-        named = self.named_adapter_parameters(ENCODER)
+        segment_tokens = self.segment_length(segment_tokens)
+        named = self.named_adapter_parameters(adapter) if adapter else []
         named += [(f"scorer.{n}", p) for n, p in self.scorer.named_parameters()]
         # Hashing every weight costs a device-to-host copy; redo it only when a weight changed in place
         # (an optimiser step, a load) or was replaced, which version counters, ids and storage pointers tell.
-        stamp = (ratio, str(self.dtype), _weights_version(p for _, p in named))
+        stamp = (ratio, adapter, segment_tokens, str(self.dtype), _weights_version(p for _, p in named))
         if self._fingerprint_cache[0] != stamp:
             h = hashlib.sha256()
-            identity = [self._base_digest, ratio, self.config.scorer_layer, str(self.dtype)]
+            identity = [self._base_digest, ratio, self.config.scorer_layer, str(self.dtype), adapter, segment_tokens,
+                        self.config.lora.model_dump(mode="json") if adapter else None]
             h.update(json.dumps(identity + ([self.document_opening] if self.document_opening else [])).encode())
             for name, p in named:
                 h.update(name.encode())
@@ -299,10 +308,7 @@ class NuggetModel(nn.Module):
         into segments that are compressed independently and joined into one state (each keeps its own last token).
         """
         ratio = self.config.ratio if ratio is None else NuggetConfig(ratio=ratio).ratio
-        if segment_tokens is not None and segment_tokens < 1:
-            raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
-        room = self.max_positions - len(self.document_opening)
-        segment_tokens = min(segment_tokens or room, room)
+        segment_tokens = self.segment_length(segment_tokens)
         if not token_ids or min(len(t) for t in token_ids) == 0:
             raise ValueError("every document must have at least one token")
         pieces, owners = [], []
@@ -311,11 +317,19 @@ class NuggetModel(nn.Module):
                 pieces.append(list(ids[start : start + segment_tokens]))
                 owners.append((doc, start))
         with self.lock:
-            states = self._compress_segments(pieces, ratio, adapter)
+            states = self._compress_segments(pieces, ratio, adapter, self.fingerprint(ratio, adapter, segment_tokens))
         joined: list[list[tuple[int, NuggetState]]] = [[] for _ in token_ids]
         for (doc, start), state in zip(owners, states):
             joined[doc].append((start, state))
         return [parts[0][1] if len(parts) == 1 else self._join_segments(parts) for parts in joined]
+
+    def segment_length(self, segment_tokens: int | None = None) -> int:
+        """Tokens per independently compressed segment: `segment_tokens`, at most (and by default) the model's
+        positions less the document opening."""
+        if segment_tokens is not None and segment_tokens < 1:
+            raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
+        room = self.max_positions - len(self.document_opening)
+        return min(segment_tokens or room, room)
 
     def encoder_input(self, token_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
         """Right-padded ids of each document after the document opening, and the opening's length h."""
@@ -329,7 +343,8 @@ class NuggetModel(nn.Module):
         shift = torch.full((keys.shape[-2],), -opening, device=keys.device)
         return rotate_keys(keys, shift, self.llama.model.rotary_emb.inv_freq)
 
-    def _compress_segments(self, token_ids: list[list[int]], ratio: float, adapter: str | None) -> list[NuggetState]:
+    def _compress_segments(self, token_ids: list[list[int]], ratio: float, adapter: str | None,
+                           fingerprint: str) -> list[NuggetState]:
         lengths = [len(t) for t in token_ids]
         input_ids, opening = self.encoder_input(token_ids)
         scores = self.score(input_ids)[:, opening:]
@@ -341,7 +356,6 @@ class NuggetModel(nn.Module):
             self.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
         keys, values = capture.stacked()
         keys = self.to_document_positions(keys, opening)
-        fingerprint = self.fingerprint(ratio)
         states = []
         for b, (positions, n) in enumerate(zip(chosen, lengths)):
             k = len(positions)
@@ -466,11 +480,12 @@ class NuggetModel(nn.Module):
         ones = torch.ones(soft.shape[:2], dtype=torch.bool, device=token_mask.device)
         return torch.cat([soft, embeds], dim=1), torch.cat([ones, token_mask], dim=1)
 
-    def check_positions(self, nuggets: int, tokens: int) -> None:
-        if nuggets + tokens > self.max_positions:
+    def check_positions(self, states: int, tokens: int) -> None:
+        """Refuse a decoder input of `states` prefix and nugget states and `tokens` tokens that cannot fit."""
+        if states + tokens > self.max_positions:
             raise ValueError(
-                f"{nuggets} nuggets plus {tokens} prompt and output tokens exceed the model's "
-                f"{self.max_positions} positions; pass fewer documents, a shorter prompt or fewer new tokens"
+                f"{states} states (prompt opening and nuggets) plus {tokens} prompt tokens exceed the model's "
+                f"{self.max_positions} positions; pass fewer documents, a shorter prompt, or compress at a larger r"
             )
 
     def decode(

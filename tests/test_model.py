@@ -1,7 +1,9 @@
 """The nugget engine's mechanics on a tiny random LLaMA."""
 
 import copy
+import logging
 import math
+import threading
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ from safetensors import safe_open
 from tiny import tiny_base
 
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
-from nugget_rag.generation import GenerationSettings, generate
+from nugget_rag.generation import GenerationSettings, generate, stream_generate
 from nugget_rag.model import WEIGHTS_FILE, NuggetModel
 
 DOC = "The quick brown fox jumps over the lazy dog, then naps."
@@ -27,6 +29,23 @@ def test_r1_without_adapters_equals_base_model_on_concatenation(make_model, doc_
     expected = reference(torch.tensor([doc + prompt])).logits[:, len(doc):]
     assert states[0].k == len(doc)
     assert (logits - expected).abs().max() < 1e-4
+
+
+def test_plain_forwards_of_the_wrapped_base_model_are_unchanged(make_model):
+    """The nugget attention is installed on the shared base model; without nuggets it must still honour padding
+    masks and KV caches exactly as the unwrapped model does."""
+    model, reference = make_model(), tiny_base().model
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad(), model.use_adapter(None):
+        padded = model.llama(input_ids=ids, attention_mask=mask).logits
+        expected = reference(input_ids=ids, attention_mask=mask).logits
+        cached = model.llama(input_ids=ids[:, :3], use_cache=True).past_key_values
+        chunk = model.llama(input_ids=ids[:, 3:], past_key_values=cached).logits
+        cached = reference(input_ids=ids[:, :3], use_cache=True).past_key_values
+        expected_chunk = reference(input_ids=ids[:, 3:], past_key_values=cached).logits
+    assert (padded - expected)[mask.bool()].abs().max() < 1e-5
+    assert (chunk - expected_chunk).abs().max() < 1e-5
 
 
 def test_adapters_change_the_output(make_model, doc_ids):
@@ -224,6 +243,20 @@ def test_fingerprint_tracks_what_produces_nuggets(make_model):
     assert make_model(ratio=4, perturb_adapters=False).fingerprint() == make_model(ratio=4, perturb_adapters=False).fingerprint()
     # documents encoded after the template's opening are other states than documents encoded alone
     assert make_model(ratio=4).fingerprint() != make_model(ratio=4, placement="before_prompt").fingerprint()
+
+
+def test_fingerprint_names_the_adapter_lora_settings_and_segments(make_model, doc_ids):
+    """States compressed without the adapter, under another LoRA scaling or in other segments are other states."""
+    model = make_model(ratio=4)
+    doc = doc_ids(DOC)
+    with torch.no_grad():
+        tuned, plain = model.compress([doc])[0], model.compress([doc], adapter=None)[0]
+        cut = model.compress([doc], segment_tokens=5)[0]
+    assert len({tuned.fingerprint, plain.fingerprint, cut.fingerprint}) == 3
+    assert model.fingerprint(segment_tokens=10**6) == tuned.fingerprint  # capped at the model's room: the default
+    alpha = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4, "alpha": 4}))
+    alpha.load_state_dict(model.state_dict())  # the same weights, another LoRA scaling
+    assert alpha.fingerprint() != model.fingerprint()
 
 
 def test_generation_matches_transformers_generate(make_model, doc_ids):
@@ -488,3 +521,38 @@ def test_other_llama_variants_read_r1_nuggets_exactly_like_fulls_prompt(variant,
         expected = reference(torch.tensor([before + doc + after])).logits[:, -len(after):]
     assert state.keys.shape[-1] == reference.config.head_dim
     assert (logits - expected).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": 32},
+], ids=["dynamic", "longrope"])
+def test_length_dependent_rotary_frequencies_are_refused(rope):
+    with pytest.raises(ValueError, match=f"rope_type='{rope['rope_type']}'"):
+        NuggetModel(tiny_base(layers=3, rope_scaling=rope), NuggetConfig(scorer_layer=2, lora={"rank": 4}))
+
+
+def test_a_paused_stream_blocks_no_other_call(make_model, doc_ids):
+    """A stream holds the shared model only while it computes a step, not while its reader is away."""
+    model = make_model()
+    states = model.compress([doc_ids(DOC)])
+    prompts, settings = [doc_ids(PROMPT)], GenerationSettings(max_new_tokens=6)
+    straight = generate(model, [states], prompts, settings)
+    paused = stream_generate(model, [states], prompts, settings)
+    first = next(paused)
+    other: list = []
+    thread = threading.Thread(target=lambda: other.append(generate(model, [states], prompts, settings, adapter=None)),
+                              daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert other, "a call waited for a paused stream"
+    assert [a + "".join(p[0] for p in paused) for a in first] == straight  # and the stream resumes unchanged
+
+
+def test_a_capped_answer_is_announced(make_model, doc_ids, caplog):
+    model = make_model()
+    states = model.compress([doc_ids(DOC)])
+    room = model.max_positions - len(model.document_opening) - states[0].k - len(doc_ids(PROMPT))
+    with caplog.at_level(logging.WARNING, logger="nugget_rag.generation"):
+        generate(model, [states], [doc_ids(PROMPT)], GenerationSettings(max_new_tokens=room + 50))
+    assert f"max_new_tokens={room + 50} cut to {room}" in caplog.text
