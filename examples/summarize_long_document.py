@@ -65,6 +65,9 @@ def main() -> int:
         print(f"note: line {args.line} is outside the train range 0-199 of {DEFAULT_DATA.name} "
               "(200+ are kept for evaluation)", file=sys.stderr)
     document, reference = read_document(args.path, args.line)
+    if not document.page_content.strip():
+        print(f"{document.metadata['source']} is empty or whitespace: there is nothing to summarise", file=sys.stderr)
+        return 2
 
     compressor = load_compressor(args.checkpoint, ratio=args.ratio)
     llm = NuggetLLM(compressor=compressor, prompt_template=SUMMARY_PROMPT, max_new_tokens=args.max_new_tokens,

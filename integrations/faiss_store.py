@@ -247,7 +247,7 @@ class NuggetIndex:
             "distance": "l2 over unit vectors (cosine ranking)",
             "count": len(self),
             "nugget_model": model.base_name,
-            "nugget_fingerprint": model.fingerprint(self.compressor.effective_ratio),
+            "nugget_fingerprint": self.compressor.fingerprint,
             "ratio": self.compressor.effective_ratio,
             "chunk_tokens": self.chunk_tokens,
             "chunk_overlap": self.chunk_overlap,
@@ -316,7 +316,7 @@ class NuggetIndex:
         kwargs.setdefault("chunk_tokens", manifest.get("chunk_tokens", 384))
         kwargs.setdefault("chunk_overlap", manifest.get("chunk_overlap", 32))
         index = cls(compressor, embeddings, embedding_model=given, **kwargs)
-        fingerprint = compressor.model.fingerprint(compressor.effective_ratio)
+        fingerprint = compressor.fingerprint
         if manifest.get("nugget_fingerprint") != fingerprint:
             log.warning("the nuggets in %s were made by another nugget model or ratio (%s, r=%s); they will be "
                         "recomputed when read", store_dir, manifest.get("nugget_model"), manifest.get("ratio"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-import torch
 from langchain_core.documents import Document
 
 from nugget_rag.compressor import NuggetCompressor
@@ -36,19 +35,23 @@ class NuggetView:
 
 
 def nugget_view(compressor: NuggetCompressor, text: str) -> NuggetView:
-    """Score every token of `text` and mark those the compressor keeps as nuggets."""
+    """Score every token of `text` as `NuggetModel.compress` does and mark those the compressor keeps as nuggets.
+
+    Like compress, long texts are cut into segments of at most the model's positions less the document opening,
+    each scored after that opening in one batch, so the scores shown are those the nuggets were chosen by.
+    """
     if not text.strip():
         raise ValueError("the text to inspect is empty")
     model, tokenizer = compressor.model, compressor.model.tokenizer
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=tokenizer.is_fast)
     ids = encoded["input_ids"]
     state = compressor.states([Document(page_content=text)])[0]
-    segment = min(compressor.segment_tokens or model.max_positions, model.max_positions)
-    scores: list[float] = []
-    with torch.no_grad():
-        for start in range(0, len(ids), segment):  # the compressor scores long texts segment by segment too
-            piece = torch.tensor([ids[start : start + segment]], device=model.device)
-            scores += model.score(piece)[0].float().cpu().tolist()
+    segment = model.segment_length(compressor.segment_tokens)
+    segments = [ids[start : start + segment] for start in range(0, len(ids), segment)]
+    input_ids, opening = model.encoder_input(segments)
+    with model.lock:
+        rows = model.score(input_ids)[:, opening:].float().cpu().tolist()
+    scores = [score for row, part in zip(rows, segments) for score in row[: len(part)]]
     return NuggetView(_pieces(text, ids, encoded.get("offset_mapping"), tokenizer), scores,
                       set(state.positions.tolist()), compressor.effective_ratio)
 

@@ -85,13 +85,18 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
     def effective_ratio(self) -> float:
         return self.ratio or self.model.config.ratio
 
+    @property
+    def fingerprint(self) -> str:
+        """What names this compressor's states in the store (`NuggetModel.fingerprint`)."""
+        return self.model.fingerprint(self.effective_ratio, segment_tokens=self.segment_tokens)
+
     # ------------------------------------------------------------------ core
     def states(self, documents: Sequence[Document | str]) -> list[NuggetState]:
         """The NuggetState of each document: from the store when cached, else computed and stored."""
         return [state for _, state in self._compress(as_documents(documents))]
 
     def _compress(self, documents: Sequence[Document]) -> list[tuple[str, NuggetState]]:
-        fingerprint = self.model.fingerprint(self.effective_ratio)
+        fingerprint = self.fingerprint
         texts = [d.page_content for d in documents]
         found: dict[str, NuggetState] = {}
         missing = []
@@ -142,18 +147,18 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         *,
         return_exceptions: bool = False,
         **kwargs: Any,
-    ) -> list[list[Document]]:
-        """Compress all inputs' documents together (one pass over the model), then split the results back."""
-        groups = [as_documents(value) for value in inputs]
-        flat = self.invoke([doc for group in groups for doc in group], config if isinstance(config, dict) else None)
-        by_content = {doc.page_content: doc for doc in flat}
-        return [[self._relabel(doc, by_content) for doc in group if doc.page_content.strip()] for group in groups]
-
-    @staticmethod
-    def _relabel(doc: Document, compressed: dict[str, Document]) -> Document:
-        meta = {k: v for k, v in doc.metadata.items() if k != METADATA_KEY}
-        meta[METADATA_KEY] = compressed[doc.page_content].metadata[METADATA_KEY]
-        return Document(page_content=doc.page_content, metadata=meta, id=doc.id)
+    ) -> list[list[Document] | Exception]:
+        """Runnable.batch (one run per input, with its config), after compressing all valid inputs' documents
+        together (batched passes over the model) into the store, from which each run then reads them."""
+        docs = []
+        for value in inputs:
+            try:
+                docs += as_documents(value)
+            except TypeError:
+                if not return_exceptions:
+                    raise
+        self.states([d for d in docs if d.page_content.strip()])
+        return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None

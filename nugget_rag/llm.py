@@ -11,11 +11,11 @@ from langchain_core.language_models import BaseChatModel, LangSmithParams, Langu
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.prompt_values import ChatPromptValue, PromptValue
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from .compressor import NuggetCompressor, as_documents
 from .generation import GenerationSettings, stream_generate
-from .prompts import QA_PROMPT, chat_token_ids, render_instruction
+from .prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction
 
 DOCUMENTS_KEY = "documents"
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "chat": "user"}
@@ -29,11 +29,11 @@ class NuggetLLM(BaseChatModel):
       user's question, as built by ``{"documents": retriever | compressor, "question": RunnablePassthrough()}``;
     - a string or a list of messages, with documents passed as ``documents=[...]`` (``invoke(..., documents=d)`` or
       ``.bind(documents=d)``), or carried in a human message's ``additional_kwargs["documents"]``;
-    - no documents at all: a plain chat model.
-    With documents, the last human message is rendered through `prompt_template` (default: the paper's QA prompt,
-    Appendix D), and the decoder reads the chat-formatted prompt with the nuggets of each document, in order, where
-    Full's prompt has the documents' text: at the start of that message (`NuggetConfig.placement`; checkpoints
-    trained before the setting existed read them ahead of the whole prompt).
+    - no documents at all: a plain chat model (documents that are all empty or whitespace are a ValueError).
+    With documents, the last human message fills the ``{question}`` of `prompt_template` (its one placeholder;
+    default: the paper's QA prompt, Appendix D), and the decoder reads the chat-formatted prompt with the nuggets of
+    each document, in order, where Full's prompt has the documents' text: at the start of that message
+    (`NuggetConfig.placement`; checkpoints trained before the setting existed read them ahead of the whole prompt).
     Documents already compressed by a NuggetCompressor are read from its store; others are compressed on the fly.
     The answer's ``response_metadata["sources"]`` lists each document's metadata (without nugget details).
     """
@@ -50,6 +50,11 @@ class NuggetLLM(BaseChatModel):
     seed: int | None = None
     repetition_penalty: float = Field(1.0, ge=1.0, description="Above 1 discourages repeating generated tokens.")
     no_repeat_ngram_size: int = Field(0, ge=0, description="Never repeat a generated n-gram of this size (0: off).")
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _check_prompt_template(cls, value: str) -> str:
+        return check_template(value)
 
     @property
     def _llm_type(self) -> str:
@@ -72,6 +77,10 @@ class NuggetLLM(BaseChatModel):
     # ------------------------------------------------------------------ input contract
     def _convert_input(self, model_input: LanguageModelInput | Mapping[str, Any]) -> PromptValue:
         if isinstance(model_input, Mapping):
+            unknown = set(model_input) - {DOCUMENTS_KEY, "question"}
+            if unknown:
+                raise ValueError(f"unknown key(s) {sorted(map(str, unknown))} in the input: a dict input takes "
+                                 f"'{DOCUMENTS_KEY}' (Documents or strings) and 'question'")
             if "question" not in model_input:
                 raise ValueError(f"a dict input needs a 'question' key (and 'documents'); got keys {sorted(model_input)}")
             docs = as_documents(model_input.get(DOCUMENTS_KEY) or [])
@@ -85,9 +94,15 @@ class NuggetLLM(BaseChatModel):
     def _documents(self, messages: Sequence[BaseMessage], extra: Any) -> list[Document]:
         docs = as_documents(extra) if extra is not None else []
         for message in messages:
-            for item in message.additional_kwargs.get(DOCUMENTS_KEY, []):
-                docs.append(item if isinstance(item, Document) else Document(**item))
-        return [d for d in docs if d.page_content.strip()]
+            carried = message.additional_kwargs.get(DOCUMENTS_KEY, [])
+            if isinstance(carried, Sequence) and not isinstance(carried, str):  # dicts: from _convert_input
+                carried = [Document.model_validate(d) if isinstance(d, Mapping) else d for d in carried]
+            docs += as_documents(carried)
+        kept = [d for d in docs if d.page_content.strip()]
+        if docs and not kept:
+            raise ValueError(f"all {len(docs)} documents given are empty or whitespace; pass non-empty text, or call "
+                             "without documents for a plain chat")
+        return kept
 
     def _prompt_ids(self, messages: Sequence[BaseMessage], with_documents: bool) -> tuple[list[int], list[int]]:
         """The decoder's token ids before and after the documents' nuggets (NuggetModel.chat_prompt)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from string import Formatter
 
 from transformers import PreTrainedTokenizerBase
 
@@ -11,9 +12,24 @@ SUMMARY_PROMPT = "Please summarize the above document in one sentence."
 LMSUMM_PROMPT = "Please summarize the following text into {words} words: {text}"
 
 
+def check_template(template: str) -> str:
+    """`template` if it has no placeholder other than `{question}`, else a ValueError naming the problem."""
+    fields = {name for _, name, _, _ in Formatter().parse(template) if name is not None}
+    if fields - {"question"}:
+        raise ValueError(f"prompt template {template!r} has placeholder(s) {sorted(fields - {'question'})}, but only "
+                         "{question} is filled; remove them (write literal braces doubled: {{ }})")
+    return template
+
+
 def render_instruction(template: str, question: str) -> str:
-    """Fill `{question}` of a prompt template; a template without the placeholder is used as it is."""
-    return template.format(question=question) if "{question}" in template else template
+    """Fill `{question}` of a prompt template; a template without it (a fixed instruction such as SUMMARY_PROMPT)
+    is used as it is, and then takes no question."""
+    if "question" in {name for _, name, _, _ in Formatter().parse(check_template(template))}:
+        return template.format(question=question)
+    if question.strip():
+        raise ValueError(f"prompt template {template!r} has no {{question}} placeholder, so the question "
+                         f"{question[:60]!r} would be dropped; add {{question}} to the template, or pass an empty one")
+    return template.format()
 
 
 def full_context_messages(documents: Sequence[str], instruction: str) -> list[dict[str, str]]:

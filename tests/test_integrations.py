@@ -8,6 +8,7 @@ import math
 import re
 
 import pytest
+import torch
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage
@@ -24,6 +25,7 @@ from nugget_rag.integrations import (
     render_html,
     render_terminal,
 )
+from nugget_rag.scorer import select_nuggets
 
 DOCS = [
     Document(page_content="The falcon hunts over the river valley. Falcons dive at great speed to catch pigeons. "
@@ -208,6 +210,23 @@ def test_view_pieces_rebuild_the_text_and_mark_the_nuggets(compressor):
     assert render_terminal(view, color=True).count("\x1b[7;32m") == view.k
     page = render_html(view)
     assert page.count('class="tok nugget"') == view.k and page.count('class="tok"') == view.n - view.k
+
+
+@pytest.mark.parametrize(("length", "segment_tokens"), [(50, None), (600, None), (50, 16)])
+def test_view_scores_are_those_compress_chose_the_nuggets_by(tiny_model, tmp_path, length, segment_tokens):
+    """in_user_turn: scored after the document opening, in the compressor's segments (600 > 512 - opening)."""
+    assert tiny_model.config.placement == "in_user_turn" and tiny_model.document_opening
+    compressor = NuggetCompressor(model=tiny_model, store=NuggetStore(directory=tmp_path), segment_tokens=segment_tokens)
+    text = ("The falcon dives at great speed to catch pigeons over the river. " * 10)[:length]
+    view = nugget_view(compressor, text)
+    state = compressor.states([Document(page_content=text)])[0]
+    segment = segment_tokens or tiny_model.max_positions - len(tiny_model.document_opening)
+    scores = torch.tensor(view.scores)
+    chosen = [positions + start for start in range(0, view.n, segment)
+              for positions in select_nuggets(scores[None, start : start + segment], [min(segment, view.n - start)],
+                                              compressor.effective_ratio)]
+    assert torch.cat(chosen).tolist() == state.positions.tolist() == sorted(view.nuggets)
+    assert torch.equal(scores[state.positions], state.scores.float().cpu())
 
 
 def test_load_documents(tmp_path):

@@ -1,6 +1,7 @@
 """NuggetCompressor and NuggetLLM as LangChain components, on the tiny model."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
@@ -49,6 +50,16 @@ def test_another_fingerprint_misses(compressor):
     assert out[0].metadata[METADATA_KEY]["ratio"] == 2.0
 
 
+def test_compressors_splitting_documents_differently_keep_apart_in_one_store(compressor, monkeypatch):
+    long_text = " ".join(TEXTS * 4)
+    segmented = NuggetCompressor(model=compressor.model, store=compressor.store, segment_tokens=10)
+    cut, whole = segmented.states([long_text])[0], compressor.states([long_text])[0]
+    assert cut.fingerprint == segmented.fingerprint != whole.fingerprint == compressor.fingerprint
+    assert cut.positions.tolist() != whole.positions.tolist()
+    monkeypatch.setattr(compressor.model, "compress", lambda *a, **k: pytest.fail("model ran on a cached text"))
+    assert segmented.states([long_text])[0].positions.tolist() == cut.positions.tolist()  # a hit, not a recompute
+
+
 def test_empty_documents_are_dropped_and_wrong_types_rejected(compressor, caplog):
     out = compressor.invoke([TEXTS[0], "   \n", Document(page_content="")])
     assert [d.page_content for d in out] == [TEXTS[0]]
@@ -72,7 +83,7 @@ def test_documents_from_a_persistent_store_survive_a_restart(compressor, tmp_pat
     key = first.invoke(TEXTS[0])[0].metadata[METADATA_KEY]["key"]
     reopened = NuggetStore(directory=tmp_path)
     state = reopened.get_by_key(key)
-    assert state is not None and state.fingerprint == compressor.model.fingerprint()
+    assert state is not None and state.fingerprint == compressor.fingerprint
 
 
 class Tokens(BaseCallbackHandler):
@@ -190,3 +201,72 @@ def test_llm_reads_the_nuggets_inside_the_last_user_turn(compressor):
     assert model.tokenizer.decode(before) == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
     states = compressor.states(TEXTS)
     assert answer == generate(model, [states], [after], GenerationSettings(max_new_tokens=6), prefixes=[before])[0]
+
+
+class Ends(BaseCallbackHandler):
+    def __init__(self):
+        self.outputs = []
+
+    def on_chain_end(self, outputs, **kwargs):
+        self.outputs.append(outputs)
+
+
+def test_batch_keeps_the_runnable_contract_in_one_model_pass(compressor, monkeypatch):
+    texts = ["Rome is in Italy.", "Madrid is in Spain.", "Oslo is in Norway."]
+    calls = []
+    compress = compressor.model.compress
+    monkeypatch.setattr(compressor.model, "compress", lambda ids, **k: calls.append(len(ids)) or compress(ids, **k))
+    handlers = [Ends(), Ends(), Ends()]
+    out = compressor.batch([texts[:1], [texts[1], 123], texts[1:]], [{"callbacks": [h]} for h in handlers],
+                           return_exceptions=True)
+    assert calls == [3]  # the valid inputs' documents, compressed together
+    assert [d.page_content for d in out[0]] == texts[:1] and [d.page_content for d in out[2]] == texts[1:]
+    assert isinstance(out[1], TypeError) and "item 1 is a int" in str(out[1])
+    assert handlers[0].outputs == [out[0]] and handlers[2].outputs == [out[2]] and handlers[1].outputs == []
+    with pytest.raises(TypeError, match="item 1 is a int"):
+        compressor.batch([["ok"], ["ok", 123]])
+
+
+def test_documents_that_are_all_empty_or_unknown_keys_are_errors(compressor):
+    llm = NuggetLLM(compressor=compressor, max_new_tokens=3)
+    with pytest.raises(ValueError, match="all 2 documents given are empty or whitespace"):
+        llm.invoke({"documents": ["  ", Document(page_content="\n")], "question": "Where?"})
+    with pytest.raises(ValueError, match="all 1 documents"):
+        llm.invoke("Where?", documents=[" "])
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['context'\].*'documents'"):
+        llm.invoke({"context": TEXTS, "question": "Where?"})
+    assert llm.invoke({"documents": [], "question": "Where?"}).response_metadata["n_documents"] == 0
+
+
+def test_documents_carried_in_a_message_may_be_strings(compressor):
+    from langchain_core.messages import HumanMessage
+
+    llm = NuggetLLM(compressor=compressor, max_new_tokens=5)
+    carried = llm.invoke([HumanMessage("Where?", additional_kwargs={"documents": TEXTS})])
+    assert carried.response_metadata["n_documents"] == 2
+    assert carried.content == llm.invoke({"documents": TEXTS, "question": "Where?"}).content
+
+
+def test_prompt_template_fills_only_the_question(compressor):
+    with pytest.raises(ValueError, match=r"\['context'\], but only \{question\} is filled"):
+        NuggetLLM(compressor=compressor, prompt_template="{context}\n{question}")
+    fixed = NuggetLLM(compressor=compressor, prompt_template="Summarize the document.", max_new_tokens=3)
+    assert fixed.invoke({"documents": TEXTS, "question": ""}).response_metadata["n_documents"] == 2
+    with pytest.raises(ValueError, match="no {question} placeholder, so the question 'Where.' would be dropped"):
+        fixed.invoke({"documents": TEXTS, "question": "Where?"})
+    llm = NuggetLLM(compressor=compressor, prompt_template="{{Q}}: {question}", max_new_tokens=3)
+    assert llm.invoke({"documents": TEXTS, "question": "Where?"}).response_metadata["n_documents"] == 2
+
+
+def test_summary_example_rejects_a_whitespace_file(compressor, tmp_path, monkeypatch, capsys):
+    import runpy
+    import sys
+
+    blank = tmp_path / "blank.txt"
+    blank.write_text("  \n\t\n", encoding="utf-8")
+    example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "summarize_long_document.py"))
+    monkeypatch.setitem(example["main"].__globals__, "load_compressor", lambda *a, **k: compressor)
+    monkeypatch.setattr(sys, "argv", ["summarize_long_document.py", str(blank)])
+    assert example["main"]() == 2
+    captured = capsys.readouterr()
+    assert "is empty or whitespace" in captured.err and "Summary" not in captured.out
