@@ -270,8 +270,13 @@ class NuggetModel(nn.Module):
             for name, p in named:
                 h.update(name.encode())
                 h.update(p.detach().float().cpu().numpy().tobytes())
-            self._fingerprint_cache = (stamp, h.hexdigest()[:32])
+            self._fingerprint_cache = (stamp, self.state_tag(h.hexdigest()[:32]))
         return self._fingerprint_cache[1]
+
+    def state_tag(self, name: str) -> str:
+        """A NuggetState fingerprint naming this base model, then `name`; the decoder reads only states whose
+        fingerprint names its own base model."""
+        return f"{self._base_digest[:12]}:{name}"
 
     # ------------------------------------------------------------------ encoder side
     def _pad(self, sequences: Sequence[Sequence[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -426,7 +431,7 @@ class NuggetModel(nn.Module):
         keys, values = capture.stacked()
         return {
             u: NuggetState(keys[:, b, :, :n], values[:, b, :, :n], steps[:n], torch.zeros(n, device=self.device),
-                           self.tokenizer.convert_ids_to_tokens(list(u)), n, "prompt-prefix")
+                           self.tokenizer.convert_ids_to_tokens(list(u)), n, self.state_tag("prompt-prefix"))
             for b, (u, n) in enumerate(zip(unique, lengths))
         }
 
@@ -464,6 +469,12 @@ class NuggetModel(nn.Module):
         cfg = self.llama.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         empty = torch.zeros(cfg.num_hidden_layers, cfg.num_key_value_heads, 0, head_dim, dtype=self.dtype, device=self.device)
+        origin = self.state_tag("")
+        for state in docs:
+            if not state.fingerprint.startswith(origin):
+                raise ValueError(f"a NuggetState with fingerprint {state.fingerprint!r} was made by another base model "
+                                 f"than {self.base_name!r} (fingerprints start {origin!r}); compress the document "
+                                 "with this model")
         docs = [state.to(self.device, self.dtype) for state in docs]
         keys = torch.cat([empty, *(state.keys for state in docs)], dim=2)
         values = torch.cat([empty, *(state.values for state in docs)], dim=2)

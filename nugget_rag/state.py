@@ -25,7 +25,8 @@ class NuggetState:
     keys, values: [layers, kv_heads, k, head_dim]; the keys carry the rotary phase of `positions`.
     positions: [k] ascending token indices into the document; tokens: their token strings.
     scores: [k] the Scorer's scores at those positions (they carry the gradient while training).
-    n: the document's length in tokens; fingerprint: what produced the state (model, adapter, Scorer, r).
+    n: the document's length in tokens; fingerprint: what produced the state ("<base model digest>:<digest of
+    adapter, Scorer, r, ...>", `NuggetModel.fingerprint`); a decoder reads only states of its own base model.
     """
 
     keys: torch.Tensor

@@ -556,3 +556,10 @@ def test_a_capped_answer_is_announced(make_model, doc_ids, caplog):
     with caplog.at_level(logging.WARNING, logger="nugget_rag.generation"):
         generate(model, [states], [doc_ids(PROMPT)], GenerationSettings(max_new_tokens=room + 50))
     assert f"max_new_tokens={room + 50} cut to {room}" in caplog.text
+
+
+def test_states_of_another_base_model_are_refused(make_model, doc_ids):
+    states = make_model().compress([doc_ids(DOC)])
+    other = NuggetModel(tiny_base(seed=1), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    with pytest.raises(ValueError, match="made by another base model"):
+        other.decode([states], torch.tensor([doc_ids(PROMPT)]))

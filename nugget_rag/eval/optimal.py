@@ -41,7 +41,7 @@ def _nll(model, keys, values, selections: list[list[int]], tail: list[int], targ
     for sel in selections:
         pos = torch.tensor(sorted(sel), device=keys.device)
         samples.append([NuggetState(keys[:, :, pos], values[:, :, pos], pos, torch.zeros(len(pos), device=keys.device),
-                                    [""] * len(pos), keys.shape[2], "optimal-study")])
+                                    [""] * len(pos), keys.shape[2], model.state_tag("optimal-study"))])
     ids = torch.tensor([tail] * len(selections), device=keys.device)
     logits = model.decode(samples, ids, adapter=DECODER).logits.float()
     pred = logits[:, -targets - 1 : -1]

@@ -82,5 +82,5 @@ def state_at(model: NuggetModel, run: FrozenPass, positions: torch.Tensor, token
     return NuggetState(
         keys=run.keys[:, :, positions], values=run.values[:, :, positions], positions=positions,
         scores=torch.zeros(len(positions), device=run.keys.device) if scores is None else scores,
-        tokens=tokens, n=n, fingerprint=tag,
+        tokens=tokens, n=n, fingerprint=model.state_tag(tag),
     )

@@ -46,7 +46,7 @@ class Compressive(System):
                 keys = rotate_keys(keys, positions, inv_freq)
                 tokens = model.tokenizer.convert_ids_to_tokens([ids[p] for p in positions.tolist()])
                 out.append(NuggetState(keys, values, positions, torch.zeros(k, device=keys.device), tokens, n,
-                                       f"compressive-r{ratio}"))
+                                       model.state_tag(f"compressive-r{ratio}")))
             return out
 
         return [Skipped("empty document") if states is None else Reading(states=states)
