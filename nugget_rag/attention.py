@@ -14,6 +14,7 @@ single code path serve training and generation:
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -112,8 +113,29 @@ def nugget_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
+_NUGGET_FORWARD: ContextVar[bool] = ContextVar("nugget_forward", default=False)
+
+
+def _note_nugget_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    _NUGGET_FORWARD.set(kwargs.get("nuggets") is not None)
+
+
+def install(model: torch.nn.Module) -> None:
+    """Make a LLaMA model (the inner `LlamaModel`) attend with `nugget_attention`.
+
+    Each forward notes whether it carries nuggets: those build their own mask, so transformers is spared building
+    (and discarding) one; plain forwards get transformers' SDPA mask as usual.
+    """
+    model.config._attn_implementation = ATTENTION_NAME
+    model.register_forward_pre_hook(_note_nugget_forward, with_kwargs=True)
+
+
+def _mask(*args, **kwargs) -> torch.Tensor | None:
+    return None if _NUGGET_FORWARD.get() else sdpa_mask(*args, **kwargs)
+
+
 AttentionInterface.register(ATTENTION_NAME, nugget_attention)
-AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+AttentionMaskInterface.register(ATTENTION_NAME, _mask)
 
 
 def rotate_keys(keys: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from .store import NuggetStore
 log = logging.getLogger(__name__)
 
 METADATA_KEY = "nuggets"
+# The states of a `batch` call's one compression pass, by text, for the per-input runs it then makes.
+_BATCH_STATES: ContextVar[tuple[str, dict[str, NuggetState]]] = ContextVar("nugget_batch_states", default=("", {}))
 CompressorInput = str | Document | Sequence[str | Document]
 
 
@@ -100,8 +103,10 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         texts = [d.page_content for d in documents]
         found: dict[str, NuggetState] = {}
         missing = []
+        batch_fingerprint, ready = _BATCH_STATES.get()
+        ready = ready if batch_fingerprint == fingerprint else {}
         for text in dict.fromkeys(texts):
-            state = self.store.get(text, fingerprint)
+            state = ready.get(text) or self.store.get(text, fingerprint)
             if state is None:
                 missing.append(text)
             else:
@@ -149,7 +154,8 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         **kwargs: Any,
     ) -> list[list[Document] | Exception]:
         """Runnable.batch (one run per input, with its config), after compressing all valid inputs' documents
-        together (batched passes over the model) into the store, from which each run then reads them."""
+        together (batched passes over the model); each run takes its states from that pass, not the store, whose
+        memory may have evicted them meanwhile."""
         docs = []
         for value in inputs:
             try:
@@ -157,8 +163,12 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
             except TypeError:
                 if not return_exceptions:
                     raise
-        self.states([d for d in docs if d.page_content.strip()])
-        return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        texts = [d.page_content for d in docs if d.page_content.strip()]
+        token = _BATCH_STATES.set((self.fingerprint, dict(zip(texts, self.states(texts)))))
+        try:
+            return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        finally:
+            _BATCH_STATES.reset(token)
 
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None

@@ -33,7 +33,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import ATTENTION_NAME, CaptureNuggets, ReadNuggets, rotate_keys
+from .attention import CaptureNuggets, ReadNuggets, rotate_keys
+from .attention import install as install_attention
 from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
 from .config import DECODER, ENCODER, LEGACY_PLACEMENT, NuggetConfig
 from .prompts import document_opening, prompt_around_documents
@@ -80,7 +81,7 @@ class NuggetModel(nn.Module):
         # as Full's prompt has them; the key/values of a document at r = 1 are then exactly Full's.
         self.document_opening = document_opening(self.tokenizer, self.config.placement == "in_user_turn")
         lm = base.model
-        lm.config._attn_implementation = ATTENTION_NAME
+        install_attention(lm.model)
         self._base_digest = _base_digest(lm)
         lora = self.config.lora
         settings = dict(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -123,7 +124,7 @@ class NuggetModel(nn.Module):
         self._original_weights: list[nn.Parameter] | None = None  # the base weights while merged ones stand in
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
-        self._fingerprint_cache: tuple[tuple | None, str] = (None, "")
+        self._weights_digest: tuple[tuple | None, str] = (None, "")  # (what it hashed, its sha256)
         # prompt-prefix states computed without gradients, keyed by ids, adapter and the adapter's weight versions
         self._prefix_cache: OrderedDict[tuple, NuggetState] = OrderedDict()
         self._prefix_cache_lock = threading.Lock()
@@ -261,17 +262,18 @@ class NuggetModel(nn.Module):
         named += [(f"scorer.{n}", p) for n, p in self.scorer.named_parameters()]
         # Hashing every weight costs a device-to-host copy; redo it only when a weight changed in place
         # (an optimiser step, a load) or was replaced, which version counters, ids and storage pointers tell.
-        stamp = (ratio, adapter, segment_tokens, str(self.dtype), _weights_version(p for _, p in named))
-        if self._fingerprint_cache[0] != stamp:
+        stamp = (adapter, _weights_version(p for _, p in named))
+        cached = self._weights_digest  # one read: another thread may replace it meanwhile
+        if cached[0] != stamp:
             h = hashlib.sha256()
-            identity = [self._base_digest, ratio, self.config.scorer_layer, str(self.dtype), adapter, segment_tokens,
-                        self.config.lora.model_dump(mode="json") if adapter else None]
-            h.update(json.dumps(identity + ([self.document_opening] if self.document_opening else [])).encode())
             for name, p in named:
                 h.update(name.encode())
                 h.update(p.detach().float().cpu().numpy().tobytes())
-            self._fingerprint_cache = (stamp, self.state_tag(h.hexdigest()[:32]))
-        return self._fingerprint_cache[1]
+            cached = self._weights_digest = (stamp, h.hexdigest())
+        identity = [self._base_digest, ratio, self.config.scorer_layer, str(self.dtype), adapter, segment_tokens,
+                    self.config.lora.model_dump(mode="json") if adapter else None, cached[1]]
+        identity += [self.document_opening] if self.document_opening else []
+        return self.state_tag(hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32])
 
     def state_tag(self, name: str) -> str:
         """A NuggetState fingerprint naming this base model, then `name`; the decoder reads only states whose

@@ -211,6 +211,17 @@ class Ends(BaseCallbackHandler):
         self.outputs.append(outputs)
 
 
+def test_batch_compresses_once_even_when_the_store_memory_evicts(compressor, monkeypatch):
+    small = NuggetCompressor(model=compressor.model, store=NuggetStore(max_memory_bytes=1))  # keeps nothing
+    calls = []
+    compress = compressor.model.compress
+    monkeypatch.setattr(compressor.model, "compress", lambda ids, **k: calls.append(len(ids)) or compress(ids, **k))
+    texts = ["Rome is in Italy.", "Madrid is in Spain.", "Oslo is in Norway."]
+    out = small.batch([texts[:1], texts[1:]])
+    assert calls == [3]
+    assert [[d.page_content for d in docs] for docs in out] == [texts[:1], texts[1:]]
+
+
 def test_batch_keeps_the_runnable_contract_in_one_model_pass(compressor, monkeypatch):
     texts = ["Rome is in Italy.", "Madrid is in Spain.", "Oslo is in Norway."]
     calls = []

@@ -563,3 +563,21 @@ def test_states_of_another_base_model_are_refused(make_model, doc_ids):
     other = NuggetModel(tiny_base(seed=1), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
     with pytest.raises(ValueError, match="made by another base model"):
         other.decode([states], torch.tensor([doc_ids(PROMPT)]))
+
+
+def test_nugget_passes_spare_transformers_building_a_mask(make_model, doc_ids, monkeypatch):
+    """Nugget forwards bring their own mask; a padded decode must not also build (and drop) transformers' one."""
+    from nugget_rag import attention
+
+    built = []
+    real = attention.sdpa_mask
+    monkeypatch.setattr(attention, "sdpa_mask", lambda *a, **k: built.append(1) or real(*a, **k))
+    model = make_model()
+    states = model.compress([doc_ids(DOC), doc_ids(DOC2)])
+    ids = torch.tensor([doc_ids(PROMPT)] * 2)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, -2:] = False
+    model.decode([[states[0]], [states[1]]], ids, token_mask=mask)
+    assert not built
+    model.llama(input_ids=ids, attention_mask=mask.long())
+    assert built  # a plain forward still gets its padding mask

@@ -183,6 +183,13 @@ def test_a_file_with_a_test_part_is_read_only_by_part(data, tmp_path):
     with pytest.raises(DataError, match="format=auto, not format=text"):
         Trainer(config(tmp_path, [{"objective": "autoencoding", "path": str(data / "squad.json"), "format": "text"}]),
                 tiny_model())
+    with pytest.raises(DataError, match="name each file as its own source"):
+        Trainer(config(tmp_path, [{"objective": "autoencoding", "path": str(data), "format": "json"}]), tiny_model())
+    (data / "splits.json").write_text(json.dumps({"docs.jsonl": {"train": [0, 30], "test": [30, 40]}}))
+    docs = {"objective": "autoencoding", "path": str(data / "docs.jsonl"), "dev_split": None}
+    counts = [Trainer(config(tmp_path / fmt, [{**docs, "format": fmt}]), tiny_model()).data_lines[0]["examples"]
+              for fmt in ("json", "auto")]
+    assert counts[0] == counts[1] > 0  # a format that reads the same lines keeps the same parts
 
 
 def test_processes_draw_disjoint_slices_of_one_batch():

@@ -89,22 +89,31 @@ def _splits_entry(path: Path) -> dict | None:
 
 def _guard_test_part(source: Source, fmt: str, split: str | None) -> None:
     """A file whose splits.json names a test part is read only by part, and in the units those parts count."""
+    path = Path(source.path)
+    if path.is_dir():
+        held = [f.name for f in _files(path, fmt) if (_splits_entry(f) or {}).get("test") is not None]
+        if held:
+            raise corpora.DataError(f"{path} holds {', '.join(held)}, which {corpora.SPLITS_FILE} gives a test part; "
+                                    "name each file as its own source, so that only its part is read")
+        return
+    entry = _splits_entry(path)
+    if entry is None or entry.get("test") is None:
+        return
     native = resolve_format(source.model_copy(update={"format": "auto"}))
-    name = Path(source.path).name
-    if fmt != native:
-        raise corpora.DataError(f"{name} is split by {corpora.SPLITS_FILE} in units of its {native} format; read it "
-                                f"with format=auto, not format={fmt}, so that its test part stays out")
+    if fmt != native and {"squad", "hotpotqa"} & {fmt, native}:  # their readers count other units than lines
+        raise corpora.DataError(f"{path.name} is split by {corpora.SPLITS_FILE} in units of its {native} format; read "
+                                f"it with format=auto, not format={fmt}, so that its test part stays out")
     if split is None:
-        raise corpora.DataError(f"split=None would read all of {name}, its test part included; use split='train'")
+        raise corpora.DataError(f"split=None would read all of {path.name}, its test part included; use split='train'")
 
 
 def load_records(source: Source, split: str | None) -> datasets.Dataset | datasets.IterableDataset:
     """The raw records of `split` of a source, in one schema per objective (see `corpora`)."""
     fmt = resolve_format(source)
     path = Path(source.path)
-    entry = _splits_entry(path) if fmt != "hub" else None
-    if entry is not None and entry.get("test") is not None:
+    if fmt != "hub":
         _guard_test_part(source, fmt, split)
+    entry = _splits_entry(path) if fmt != "hub" else None
     if fmt == "squad":
         return datasets.Dataset.from_list(corpora.read_squad(path, split))
     if fmt == "hotpotqa":
