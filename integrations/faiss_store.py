@@ -2,10 +2,15 @@
 
 One directory holds everything (no pickle anywhere)::
 
-    index.json      manifest: embedding model, dimension, nugget model fingerprint, chunking
-    index.faiss     the FAISS vectors (faiss.write_index)
-    docstore.json   the chunks (id, page_content, metadata) and FAISS position -> chunk id
-    nuggets/        the NuggetStore of the chunks (content-addressed NuggetStates)
+    index.json              manifest: embedding model, dimension, nugget model fingerprint, chunking, and the
+                            names and sha256 of the two files below
+    index-<sha>.faiss       the FAISS vectors (faiss.serialize_index)
+    docstore-<sha>.json     the chunks (id, page_content, metadata) and FAISS position -> chunk id
+    nuggets/                the NuggetStore of the chunks (content-addressed NuggetStates)
+
+A save writes new content-named files, then replaces the manifest (the commit), then deletes the files the old
+manifest named: a crash at any point leaves the old or the new index, whole. Indexes saved before the manifest
+named its files (plain `index.faiss`, `docstore.json`) still load.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import faiss
+import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
@@ -44,8 +50,7 @@ log = logging.getLogger(__name__)
 
 INDEX_FORMAT = "nugget-rag/index-v1"
 MANIFEST_FILE = "index.json"
-FAISS_FILE = "index.faiss"
-DOCSTORE_FILE = "docstore.json"
+LEGACY_FILES = {"faiss": {"name": "index.faiss"}, "docstore": {"name": "docstore.json"}}
 NUGGETS_DIR = "nuggets"
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -259,18 +264,22 @@ class NuggetIndex:
         directory.mkdir(parents=True, exist_ok=True)
         if not _is_store_at(self.compressor.store, directory / NUGGETS_DIR):
             self._copy_nuggets(NuggetStore(directory=directory / NUGGETS_DIR))
-        if self.vectorstore is not None:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=FAISS_FILE + "~")
-            os.close(fd)
-            try:
-                faiss.write_index(self.vectorstore.index, tmp)
-                os.replace(tmp, directory / FAISS_FILE)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+        replaced = _saved_files(directory)
         docs = [{"id": d.id, "page_content": d.page_content, "metadata": d.metadata} for d in self.documents]
-        _write_json(directory / DOCSTORE_FILE, {"format": INDEX_FORMAT, "documents": docs,
-                                                 "index_to_docstore_id": self.ids})
-        _write_json(directory / MANIFEST_FILE, self.manifest())  # last: a manifest means a complete save
+        try:  # serialised before anything is written: a chunk's metadata that JSON cannot hold fails here
+            docstore = json.dumps({"format": INDEX_FORMAT, "documents": docs, "index_to_docstore_id": self.ids},
+                                  ensure_ascii=False).encode()
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"the index cannot be saved: a chunk's metadata is not JSON ({err}); nothing was "
+                             f"written to {directory}") from err
+        files = {"docstore": _write_content(directory, "docstore", ".json", docstore)}
+        if self.vectorstore is not None:
+            vectors = faiss.serialize_index(self.vectorstore.index).tobytes()
+            files["faiss"] = _write_content(directory, "index", ".faiss", vectors)
+        _write_json(directory / MANIFEST_FILE, {**self.manifest(), "files": files})  # the commit
+        _fsync_directory(directory)
+        for name in replaced - {f["name"] for f in files.values()}:
+            (directory / name).unlink(missing_ok=True)
         return directory
 
     def _copy_nuggets(self, target: NuggetStore) -> None:
@@ -313,8 +322,11 @@ class NuggetIndex:
         store_dir = directory / NUGGETS_DIR
         if not _is_store_at(compressor.store, store_dir):
             compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
-        kwargs.setdefault("chunk_tokens", manifest.get("chunk_tokens", 384))
-        kwargs.setdefault("chunk_overlap", manifest.get("chunk_overlap", 32))
+        for name, default in (("chunk_tokens", 384), ("chunk_overlap", 32)):
+            saved = manifest.get(name, default)
+            if kwargs.setdefault(name, saved) != saved:
+                raise ValueError(f"the index in {directory} was chunked with {name}={saved}, not {kwargs[name]}; "
+                                 f"load it with {name}={saved}, or ingest into a new index directory")
         index = cls(compressor, embeddings, embedding_model=given, **kwargs)
         fingerprint = compressor.fingerprint
         if manifest.get("nugget_fingerprint") != fingerprint:
@@ -326,16 +338,21 @@ class NuggetIndex:
         return index
 
     def _load_vectorstore(self, directory: Path, manifest: dict[str, Any]) -> FAISS:
-        faiss_path, docstore_path = directory / FAISS_FILE, directory / DOCSTORE_FILE
-        if not faiss_path.is_file():
-            raise FileNotFoundError(f"{faiss_path} is missing: the index in {directory} is incomplete; "
-                                    "ingest the documents again into a new directory")
+        files = _data_files(manifest, directory)
+        if not {"faiss", "docstore"} <= set(files):
+            raise IndexFileError(f"{directory / MANIFEST_FILE} counts {manifest.get('count')} chunks but names no "
+                                 "FAISS file or docstore; ingest the documents again into a new directory")
+        faiss_path, docstore_path = directory / files["faiss"]["name"], directory / files["docstore"]["name"]
+        vectors = _read_content(faiss_path, files["faiss"].get("sha256"))
         try:
-            index = faiss.read_index(str(faiss_path))
+            index = faiss.deserialize_index(np.frombuffer(vectors, dtype=np.uint8))
         except RuntimeError as err:
             raise IndexFileError(f"{faiss_path} is truncated or not a FAISS index ({str(err).splitlines()[0]}); "
                                  "ingest the documents again into a new directory") from err
-        data = _read_json(docstore_path)
+        if manifest.get("dimension") not in (None, index.d):
+            raise IndexFileError(f"{faiss_path} holds vectors of dimension {index.d}, the manifest says "
+                                 f"{manifest['dimension']}: the files do not belong together")
+        data = _parse_json(docstore_path, _read_content(docstore_path, files["docstore"].get("sha256")))
         try:
             docs = {d["id"]: Document(id=d["id"], page_content=d["page_content"], metadata=d["metadata"])
                     for d in data["documents"]}
@@ -371,11 +388,12 @@ def _is_store_at(store: NuggetStore, directory: Path) -> bool:
     return isinstance(byte_store, DirectoryByteStore) and byte_store.directory.resolve() == directory.resolve()
 
 
-def _write_json(path: Path, value: Any) -> None:
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a synced temporary file renamed over it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + "~")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(value, f, ensure_ascii=False)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -383,12 +401,69 @@ def _write_json(path: Path, value: Any) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
+def _write_json(path: Path, value: Any) -> None:
+    _write_bytes(path, json.dumps(value, ensure_ascii=False).encode())
+
+
+def _write_content(directory: Path, stem: str, suffix: str, data: bytes) -> dict[str, str]:
+    """Write `data` under a name of its digest (never over another save's file); its name and sha256."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = directory / f"{stem}-{digest[:16]}{suffix}"
+    if not path.is_file() or path.stat().st_size != len(data):
+        _write_bytes(path, data)
+    return {"name": path.name, "sha256": digest}
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _data_files(manifest: dict[str, Any], directory: Path) -> dict[str, dict[str, str]]:
+    """The manifest's {"faiss": {"name", "sha256"}, "docstore": {...}}: plain file names inside `directory`."""
+    files = manifest.get("files", LEGACY_FILES)
+    try:
+        names = [f["name"] for f in files.values()]
+    except (AttributeError, KeyError, TypeError) as err:
+        raise IndexFileError(f"{directory / MANIFEST_FILE} has a malformed list of files ({err!r})") from err
+    if any(not isinstance(n, str) or Path(n).name != n or n in ("", ".", "..") for n in names):
+        raise IndexFileError(f"{directory / MANIFEST_FILE} names files outside its directory: {names}")
+    return files
+
+
+def _saved_files(directory: Path) -> set[str]:
+    """The data files the manifest in `directory` names (none when there is no readable manifest)."""
+    try:
+        files = _data_files(_read_json(directory / MANIFEST_FILE), directory)
+    except (FileNotFoundError, IndexFileError):
+        return set()
+    return {f["name"] for f in files.values()}
+
+
+def _read_content(path: Path, sha256: str | None) -> bytes:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the index in {path.parent} is incomplete; "
+                                "ingest the documents again into a new directory")
+    data = path.read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise IndexFileError(f"{path} is truncated or altered (its sha256 is not the one {MANIFEST_FILE} records); "
+                             "ingest the documents again into a new directory")
+    return data
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: {path.parent} is not a complete nugget-rag index "
                                 "(`nugget-rag ingest ... --index DIR` writes one)")
+    return _parse_json(path, path.read_bytes())
+
+
+def _parse_json(path: Path, data: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise IndexFileError(f"{path} is truncated or not valid JSON ({err}); "
                              "ingest the documents again into a new directory") from err

@@ -82,13 +82,23 @@ class NuggetState:
             tokens = json.loads(meta["tokens"])
             state = cls(tensors["keys"], tensors["values"], tensors["positions"], tensors["scores"],
                         tokens, int(meta["n"]), meta["fingerprint"])
+            _check_shapes(state)
         except CorruptStateError:
             raise
-        except (SafetensorError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as err:  # JSON errors: ValueError
             raise CorruptStateError(f"not a readable nugget state ({err})") from err
-        if len(tokens) != state.k or state.keys.shape[2] != state.k:
-            raise CorruptStateError("inconsistent nugget count")
         return state
+
+
+def _check_shapes(state: NuggetState) -> None:
+    k = state.k
+    if not (isinstance(state.tokens, list) and len(state.tokens) == k and all(isinstance(t, str) for t in state.tokens)):
+        raise CorruptStateError("the token list does not match the nugget count")
+    if state.keys.ndim != 4 or state.keys.shape != state.values.shape or state.keys.shape[2] != k:
+        raise CorruptStateError(f"keys {tuple(state.keys.shape)} and values {tuple(state.values.shape)} are not "
+                                f"[layers, kv_heads, {k}, head_dim]")
+    if state.positions.ndim != 1 or state.scores.shape != (k,):
+        raise CorruptStateError("positions and scores are not one value per nugget")
 
 
 def _digest(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
@@ -107,4 +117,7 @@ def _read_metadata(data: bytes) -> dict[str, str]:
     if size > len(data) - 8:
         raise ValueError("truncated header")
     header = json.loads(data[8 : 8 + size])
-    return header.get("__metadata__", {})
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict):
+        raise ValueError("the header is not a safetensors header")
+    return meta

@@ -52,7 +52,8 @@ def test_ingest_folder_and_jsonl(capsys, corpus, tmp_path):
     index_dir = tmp_path / "index"
     out = ingest(capsys, corpus, index_dir)
     assert "Ingested 4 documents" in out and str(index_dir) in out
-    docstore = json.loads((index_dir / "docstore.json").read_text())
+    files = json.loads((index_dir / "index.json").read_text())["files"]
+    docstore = json.loads((index_dir / files["docstore"]["name"]).read_text())
     sources = {d["metadata"]["source"] for d in docstore["documents"]}
     folder, jsonl = corpus
     assert sources == {str(folder / "birds.md"), str(folder / "sub" / "bread.txt"), "jupiter", f"{jsonl}:2"}

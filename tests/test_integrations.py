@@ -116,8 +116,9 @@ def test_retrieval_finds_the_relevant_document(index, question, source):
 def test_save_load_round_trip_reads_nuggets_from_disk(index, tiny_model, tmp_path, monkeypatch):
     target = tmp_path / "saved"
     index.save(target)
-    assert sorted(p.name for p in target.iterdir()) == ["docstore.json", "index.faiss", "index.json", "nuggets"]
     manifest = json.loads((target / "index.json").read_text())
+    files = {part: f["name"] for part, f in manifest["files"].items()}
+    assert sorted(p.name for p in target.iterdir()) == sorted([*files.values(), "index.json", "nuggets"])
     assert manifest["embedding_model"] == "hash-words-64" and manifest["count"] == len(index)
     assert manifest["nugget_fingerprint"] == tiny_model.fingerprint(4.0)
 
@@ -170,22 +171,60 @@ def test_loading_with_other_embeddings_names_both(index, tmp_path):
 
 def test_damaged_files_are_named(index, tmp_path):
     saved = index.save(tmp_path / "saved")
-    docstore = saved / "docstore.json"
+    files = json.loads((saved / "index.json").read_text())["files"]
+    docstore = saved / files["docstore"]["name"]
     docstore.write_bytes(docstore.read_bytes()[:100])
-    with pytest.raises(IndexFileError, match=r"docstore\.json is truncated"):
+    with pytest.raises(IndexFileError, match=r"docstore-\w+\.json is truncated or altered"):
         NuggetIndex.load(saved, compressor=index.compressor, embeddings=HashEmbeddings())
 
-    index.save(saved)
-    faiss_file = saved / "index.faiss"
+    docstore.unlink()
+    index.save(saved)  # the same content: the same names
+    faiss_file = saved / files["faiss"]["name"]
     faiss_file.write_bytes(faiss_file.read_bytes()[:50])
-    with pytest.raises(IndexFileError, match=r"index\.faiss is truncated"):
+    with pytest.raises(IndexFileError, match=r"index-\w+\.faiss is truncated or altered"):
         NuggetIndex.load(saved, compressor=index.compressor, embeddings=HashEmbeddings())
 
     faiss_file.unlink()
-    with pytest.raises(FileNotFoundError, match=r"index\.faiss is missing"):
+    with pytest.raises(FileNotFoundError, match=r"index-\w+\.faiss is missing"):
         NuggetIndex.load(saved, compressor=index.compressor, embeddings=HashEmbeddings())
     with pytest.raises(FileNotFoundError, match=r"index\.json is missing"):
         NuggetIndex.load(tmp_path / "nothing", compressor=index.compressor, embeddings=HashEmbeddings())
+
+
+def test_a_failed_or_crashed_save_leaves_the_previous_index_whole(index, tmp_path, monkeypatch):
+    saved = index.save(tmp_path / "saved")
+    before = sorted(p.name for p in saved.iterdir())
+    extra = Document(page_content="Tea is brewed from the leaves of Camellia sinensis.",
+                     metadata={"source": "tea", "when": object()})  # metadata JSON cannot hold
+    index.ingest([extra])
+    with pytest.raises(ValueError, match="nothing was written"):
+        index.save(saved)
+    assert sorted(p.name for p in saved.iterdir()) == before
+    index.documents[-1].metadata.pop("when")
+    from nugget_rag.integrations import faiss_store
+
+    real = faiss_store._write_json
+    monkeypatch.setattr(faiss_store, "_write_json", lambda *a: (_ for _ in ()).throw(OSError("killed")))
+    with pytest.raises(OSError, match="killed"):  # dies after writing the new data files, before the commit
+        index.save(saved)
+    monkeypatch.setattr(faiss_store, "_write_json", real)
+    loaded = NuggetIndex.load(saved, compressor=index.compressor, embeddings=HashEmbeddings())
+    assert len(loaded) == len(index) - 1  # the previous save, whole
+    index.save(saved)
+    assert len(NuggetIndex.load(saved, compressor=index.compressor, embeddings=HashEmbeddings())) == len(index)
+
+
+def test_files_of_another_save_are_refused(index, tmp_path):
+    first = index.save(tmp_path / "a")
+    other = NuggetIndex(index.compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
+    other.ingest([Document(page_content=DOCS[0].page_content[::-1], metadata={"source": "x"})])
+    second = other.save(tmp_path / "b")
+    names = {d: json.loads((d / "index.json").read_text())["files"]["faiss"]["name"] for d in (first, second)}
+    (first / names[first]).write_bytes((second / names[second]).read_bytes())
+    with pytest.raises(IndexFileError, match="truncated or altered"):
+        NuggetIndex.load(first, compressor=index.compressor, embeddings=HashEmbeddings())
+    with pytest.raises(ValueError, match="chunk_tokens=64, not 32"):
+        NuggetIndex.load(second, compressor=index.compressor, embeddings=HashEmbeddings(), chunk_tokens=32)
 
 
 def test_qa_chain_answers_with_sources(index):

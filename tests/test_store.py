@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import threading
@@ -11,7 +12,7 @@ import pytest
 import torch
 from langchain_core.stores import InMemoryByteStore
 
-from nugget_rag.state import NuggetState
+from nugget_rag.state import CorruptStateError, NuggetState
 from nugget_rag.store import DirectoryByteStore, NuggetStore
 
 
@@ -268,3 +269,28 @@ def test_failed_write_leaves_old_value_and_no_temp_file(tmp_path):
         store.mset([("ab01", 12345)])  # f.write fails after the temp file was created
     assert store.mget(["ab01"]) == [b"old"]
     assert temp_files(tmp_path) == []
+
+
+def _digested(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes:
+    """Well-formed bytes with a valid digest: what a buggy or hostile writer could leave."""
+    from safetensors.torch import save as save_tensors
+
+    from nugget_rag.state import _digest
+
+    return save_tensors(tensors, metadata={**meta, "digest": _digest(tensors, meta)})
+
+
+@pytest.mark.parametrize("bad", ["list-header", "tokens-not-a-list", "values-shape"])
+def test_well_digested_but_malformed_entries_are_corrupt(bad):
+    state = make_state()
+    tensors = {"keys": state.keys, "values": state.values, "positions": state.positions, "scores": state.scores}
+    meta = {"format": "nugget-rag/state-v1", "n": "6", "fingerprint": "fp", "tokens": json.dumps(state.tokens)}
+    if bad == "list-header":
+        header = b"[]"
+        data = len(header).to_bytes(8, "little") + header
+    elif bad == "tokens-not-a-list":
+        data = _digested(tensors, {**meta, "tokens": json.dumps("abc")})
+    else:
+        data = _digested({**tensors, "values": state.values[:, :, :1].contiguous()}, meta)
+    with pytest.raises(CorruptStateError):
+        NuggetState.from_bytes(data)
