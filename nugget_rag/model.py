@@ -275,6 +275,11 @@ class NuggetModel(nn.Module):
         identity += [self.document_opening] if self.document_opening else []
         return self.state_tag(hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32])
 
+    @property
+    def base_digest(self) -> str:
+        """Digest of the base model's weights (what a checkpoint and a NuggetState are bound to)."""
+        return self._base_digest
+
     def state_tag(self, name: str) -> str:
         """A NuggetState fingerprint naming this base model, then `name`; the decoder reads only states whose
         fingerprint names its own base model."""

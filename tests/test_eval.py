@@ -325,3 +325,32 @@ def test_checkpoints_load_for_nugget_and_full_finetuned(peer_base, data_dir, tmp
     results = run(cfg, model=model, full_model=full, base_model_path=base_path)
     assert [r["status"] for r in results["results"]] == ["ok", "ok"]
     assert results["meta"]["adapters"] == "trained" and results["meta"]["full_checkpoint"].endswith("full")
+
+
+def test_a_checkpoint_retrained_in_place_is_another_setup(model, tmp_path):
+    """--resume must not keep cells of a checkpoint whose directory now holds other weights."""
+    from nugget_rag.eval.resume import weights_sha256
+
+    model.save_pretrained(tmp_path / "ckpt")
+    before = weights_sha256(tmp_path / "ckpt")
+    with torch.no_grad():
+        model.soft_prompt.add_(1.0)
+    model.save_pretrained(tmp_path / "ckpt")
+    with torch.no_grad():
+        model.soft_prompt.sub_(1.0)
+    assert weights_sha256(tmp_path / "ckpt") != before and weights_sha256(None) is None
+
+
+def test_lmsumm_keeps_each_summary_within_its_own_budget(model):
+    """A short document's summary budget must not grow with the longer documents that share its batch, nor may it
+    be skipped because another document's prompt does not fit."""
+    from nugget_rag.eval.systems.lmsumm import summary_words
+
+    short, long = "The falcon dives.", " ".join(["The falcon dives fast over the river valley."] * 3)
+    too_long = " ".join([long] * 6)
+    queries = [Query("qa", [d], [model.tokenizer(d, add_special_tokens=False)["input_ids"]], "What?")
+               for d in (short, long, too_long)]
+    readings = get_system("lmsumm").prepare(Env(model=model, batch_size=3), queries, 4.0)
+    summary = readings[0].texts[0]
+    assert len(model.tokenizer(summary, add_special_tokens=False)["input_ids"]) <= 2 * summary_words(short, 4.0) + 16
+    assert readings[1].texts is not None and readings[2].reason.startswith("summarisation prompt exceeds")

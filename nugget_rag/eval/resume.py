@@ -1,7 +1,8 @@
 """Resumable runs: save results after every (task, system, ratio) cell and reuse the cells of an earlier run.
 
 A cell is reused only when its task's *setup* is the same: data file, split, limit, the examples' ids, the
-checkpoints, base model, device type, dtype, batch size and the task's generation settings. A run of other tasks,
+checkpoints (paths and weights digests), base model (name and weights digest), device type, dtype, batch size and
+the task's generation settings. Speed and the optimal-selection study are carried over as they are. A run of other tasks,
 systems or ratios under the same name adds its cells to the same report (`commands` lists every contributing run).
 """
 
@@ -13,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from ..model import DEFAULT_CHECKPOINT, default_checkpoint_for
+from ..model import DEFAULT_CHECKPOINT, WEIGHTS_FILE, default_checkpoint_for
 from .config import EvalConfig
 from .tasks import TaskData
 
@@ -28,6 +29,16 @@ def checkpoint_name(cfg: EvalConfig) -> str | None:
     return str(cfg.checkpoint) if cfg.checkpoint is not None else None
 
 
+def weights_sha256(checkpoint: Path | str | None, base_model: str | None = None) -> str | None:
+    """Digest of a checkpoint's weights file ('default': the shipped one), so that retraining into the same
+    directory is not taken for the same checkpoint; None for untrained adapters."""
+    if checkpoint == DEFAULT_CHECKPOINT:
+        checkpoint = default_checkpoint_for(base_model)
+    if checkpoint is None:
+        return None
+    return hashlib.sha256((Path(checkpoint) / WEIGHTS_FILE).read_bytes()).hexdigest()[:16]
+
+
 def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
     """Everything a task's scores depend on besides the system and the ratio."""
     ids = hashlib.sha256("\n".join(e.id for e in task.examples).encode()).hexdigest()[:16]
@@ -36,6 +47,8 @@ def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
         "examples": len(task.examples), "example_ids_sha256": ids,
         "checkpoint": checkpoint_name(cfg),
         "full_checkpoint": str(cfg.full_checkpoint) if cfg.full_checkpoint else None,
+        "weights_sha256": [weights_sha256(cfg.checkpoint, cfg.base_model), weights_sha256(cfg.full_checkpoint)],
+        "base_digest": model.base_digest,
         "base_model": model.base_name, "device": model.device.type, "dtype": str(model.dtype).replace("torch.", ""),
         "batch_size": cfg.batch_size, "placement": model.config.placement,
     }

@@ -191,8 +191,9 @@ def prompt_ids(model, query: Query, reading: Reading) -> tuple[list[int], list[i
     qa / summarization / autoencoding: with states, Full's prompt with the states in the documents' place
     (`NuggetModel.chat_prompt`), or nothing after the soft prompt; with texts, Full's prompt (documents then
     instruction in one user turn, App. D); with no text, the instruction alone (NoDoc). Language modelling:
-    [history as text][context][target], no template. States without a chat prompt (language modelling,
-    autoencoding) follow the document opening they were encoded after (`NuggetModel.document_opening`).
+    [history as text or states][context][target], no template, after the document opening the states were
+    encoded after (`NuggetModel.document_opening`; empty for before_prompt), for every system alike.
+    Autoencoding states follow that opening too.
     """
     tokenizer = model.tokenizer
     if query.kind == "lm":
@@ -200,8 +201,7 @@ def prompt_ids(model, query: Query, reading: Reading) -> tuple[list[int], list[i
         if reading.texts is not None:
             ids = reading.text_ids or [tokenizer(t, add_special_tokens=False)["input_ids"] for t in reading.texts]
             head = [i for part in ids for i in part]
-        prefix = list(model.document_opening) if reading.states else []
-        return prefix, head + list(query.context_ids) + list(query.target_ids)
+        return list(model.document_opening), head + list(query.context_ids) + list(query.target_ids)
     if reading.states is not None:
         if reading.soft_prompt:
             return list(model.document_opening), []

@@ -33,14 +33,17 @@ class LMSumm(System):
             words = [summary_words(d, ratio) for d in chunk]
             prompts = [chat_token_ids(model.tokenizer, [{"role": "user", "content": LMSUMM_PROMPT.format(words=w, text=d)}])
                        for d, w in zip(chunk, words)]
-            room = model.max_positions - max(len(p) for p in prompts) - 1
-            if room < 1:
-                for d in chunk:
-                    cache[d] = None
+            fits = [(d, p, min(model.max_positions - len(p) - 1, 2 * w + 16))
+                    for d, p, w in zip(chunk, prompts, words) if model.max_positions - len(p) - 1 >= 1]
+            for d in set(chunk) - {d for d, _, _ in fits}:
+                cache[d] = None
+            if not fits:
                 continue
-            settings = GenerationSettings(max_new_tokens=min(room, 2 * max(words) + 16), temperature=0)
-            for d, summary in zip(chunk, generate(model, [[] for _ in chunk], prompts, settings, adapter=None)):
-                cache[d] = summary.strip()
+            settings = GenerationSettings(max_new_tokens=max(b for _, _, b in fits), temperature=0)
+            summaries = generate(model, [[] for _ in fits], [p for _, p, _ in fits], settings, adapter=None)
+            for (d, _, budget), summary in zip(fits, summaries):  # each row's own budget, whatever its batch
+                ids = model.tokenizer(summary, add_special_tokens=False)["input_ids"][:budget]
+                cache[d] = model.tokenizer.decode(ids).strip()
         out = []
         for q in queries:
             if any(not d.strip() for d in q.documents):
