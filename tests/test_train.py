@@ -275,3 +275,26 @@ def test_init_from_a_checkpoint_of_another_placement_is_named(data, tmp_path, ca
     with caplog.at_level("WARNING"):
         train(cfg, tiny_model())
     assert "placement=before_prompt" in caplog.text and "placement=in_user_turn" in caplog.text
+
+
+def test_examples_end_where_their_targets_end():
+    """Reconstructions learn to stop (EOS); a cut answer is not taught to stop; a cut-off extractive answer skips."""
+    from nugget_rag.train.config import Lengths, Source
+    from nugget_rag.train.data import ExampleBuilder
+
+    tok = tiny_model().tokenizer
+    lengths = Lengths(document=20, query=4, answer=6, autoencoding=24, min_document=4)
+
+    def build(objective: str, row: dict) -> dict:
+        builder = ExampleBuilder(Source(objective=objective, path="x"), tok, lengths, 512, 4, 0, in_user_turn=True)
+        return builder({k: [v] for k, v in row.items()}, [0])
+
+    ae = build("autoencoding", {"text": "the cat sat on a mat"})
+    assert ae["input_ids"][0][-1] == tok.eos_token_id and ae["input_ids"][0][:-1] == ae["documents"][0][0]
+    long_summary = build("summarization", {"article": "the cat sat on a mat " * 3, "highlights": "a long summary here"})
+    short_summary = build("summarization", {"article": "the cat sat on a mat " * 3, "highlights": "cat"})
+    assert long_summary["input_ids"][0][-1] != tok.eos_token_id and short_summary["input_ids"][0][-1] == tok.eos_token_id
+    row = {"context": "the cat sat on a mat while the dog ran far away", "question": "Who ran?", "answers": ["dog"]}
+    assert build("qa", {**row, "answers": ["cat"]})["skip"] == [""]
+    assert build("qa", row)["skip"] == ["answer cut off with the document"]
+    assert build("summarization", {"article": "the cat sat", "highlights": " "})["skip"] == ["no answer"]

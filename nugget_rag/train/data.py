@@ -150,8 +150,9 @@ class ExampleBuilder:
     def _check_lengths(self) -> None:
         L, r = self.lengths, self.ratio
         need = {
-            "continuation": nugget_count(L.document, r) + L.query + L.answer,
-            "autoencoding": nugget_count(L.autoencoding, r) + 1 + L.autoencoding,
+            "continuation": sum(nugget_count(len(piece), r) for piece in
+                                _cut(list(range(L.document)), self.source.documents_per_example)) + L.query + L.answer,
+            "autoencoding": nugget_count(L.autoencoding, r) + 1 + L.autoencoding + len(self.eos),
         }.get(self.source.objective, nugget_count(L.document, r) + L.answer + 64)
         need += len(self.opening)
         if self.source.full_context:
@@ -165,7 +166,7 @@ class ExampleBuilder:
     def fingerprint(self) -> str:
         meta = [self.source.model_dump(mode="json", exclude={"weight", "streaming"}), self.lengths.model_dump(),
                 self.ratio, self.max_positions, self.seed, self.tok.name_or_path, len(self.tok),
-                self.tok.chat_template, self.in_user_turn, "v2"]
+                self.tok.chat_template, self.in_user_turn, "v3"]
         return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
@@ -195,7 +196,8 @@ class ExampleBuilder:
         chunks = [c for c in chunks if len(c) >= self.lengths.min_document]
         if not chunks:
             return [_skip("too short")]
-        return [_example([c], c, 0, [self.tok.decode(c)], self.opening) for c in chunks]
+        # the target ends with EOS: a reconstruction must learn to stop where the passage does
+        return [_example([c], c + self.eos, 0, [self.tok.decode(c)], self.opening) for c in chunks]
 
     def _continuation(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
         L = self.lengths
@@ -230,21 +232,32 @@ class ExampleBuilder:
             raise KeyError(src.question_field)
         if not answers or not str(answers[0]).strip():
             return [_skip("no answer")]
-        return [self._task(docs, render_instruction(QA_PROMPT, question), str(answers[0]), answers)]
+        return [self._task(docs, render_instruction(QA_PROMPT, question), str(answers[0]), answers, extractive=True)]
 
     def _summarization(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
         document = row["document"] if "document" in row else row[self.source.document_field]
         summary = row["summary"] if "summary" in row else row[self.source.summary_field]
+        if not summary or not str(summary).strip():
+            return [_skip("no answer")]
         return [self._task([document], SUMMARY_PROMPT, summary, [summary])]
 
-    def _task(self, documents: list[str], instruction: str, answer: str, references: list[str]) -> dict:
-        """A (documents, prompt, answer) triple in NuggetLLM's prompt format; the loss covers the answer only."""
+    def _task(self, documents: list[str], instruction: str, answer: str, references: list[str],
+              extractive: bool = False) -> dict:
+        """A (documents, prompt, answer) triple in NuggetLLM's prompt format; the loss covers the answer only.
+
+        Documents are cut to `lengths.document` tokens; an extractive answer that the cut removed skips the
+        example. An answer cut to `lengths.answer` tokens gets no EOS (it does not end there)."""
         L = self.lengths
-        doc_ids = [self._ids(d)[: L.document] for d in documents]
-        doc_ids = [d for d in doc_ids if d]
+        full_ids = [self._ids(d) for d in documents]
+        doc_ids = [d[: L.document] for d in full_ids if d]
         if not doc_ids or sum(map(len, doc_ids)) < L.min_document:
             return _skip("empty document")
-        answer_ids = self._ids(answer.strip())[: L.answer] + self.eos
+        if extractive and any(len(d) > L.document for d in full_ids):
+            kept = " ".join(self.tok.decode(d) for d in doc_ids)
+            if not any(str(a).strip() in kept for a in references):
+                return _skip("answer cut off with the document")
+        answer_ids = self._ids(answer.strip())
+        answer_ids = answer_ids[: L.answer] + (self.eos if len(answer_ids) <= L.answer else [])
         if self.source.full_context:
             texts = [self.tok.decode(d) for d in doc_ids]
             prefix, prompt = [], chat_token_ids(self.tok, full_context_messages(texts, instruction))
