@@ -23,7 +23,6 @@ from .model import DEFAULT_CHECKPOINT
 
 log = logging.getLogger("nugget_rag.cli")
 
-TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text", ".markdown", ".jsonl", ".json", ".html", ".csv"}
 
 
 class UserError(Exception):
@@ -103,12 +102,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .integrations import nugget_view, render_html, render_terminal
 
     path = Path(args.text)
-    if path.is_file():
+    try:
+        is_file, is_dir = path.is_file(), path.is_dir()
+    except OSError:  # a long literal text is no file name
+        is_file = is_dir = False
+    if is_dir:
+        raise UserError(f"{path} is a folder; inspect one file of it")
+    if is_file:
         try:
             text, title = path.read_text(encoding="utf-8"), f"nuggets of {path}"
         except UnicodeDecodeError as err:
             raise UserError(f"{path} is not UTF-8 text") from err
-    elif path.suffix.lower() in TEXT_SUFFIXES and " " not in args.text:
+    elif not any(c.isspace() for c in args.text) and (path.suffix or "/" in args.text):
         raise UserError(f"no such file: {args.text} (to inspect this literal text, add a space or other words)")
     else:
         text, title = args.text, "nuggets of the given text"

@@ -73,4 +73,4 @@ class NuggetConfig(BaseModel):
 
 def nugget_count(n_tokens: int, ratio: float) -> int:
     """k = ceil(n / r): the number of nuggets kept of a text of n tokens."""
-    return max(1, math.ceil(n_tokens / ratio))
+    return max(1, math.ceil(round(n_tokens / ratio, 9)))  # r = 1.15 is a hair under 1.15: 115 / r is 100

@@ -99,12 +99,16 @@ def _open(path: str | Path) -> Path:
 
 def _json_lines(path: Path) -> list[dict]:
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    # utf-8-sig: a byte-order mark is not part of line 1. Lines end at "\n" only: JSON strings may hold U+2028.
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").split("\n"), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise DataError(f"{path}:{number} is not a JSON line ({err.msg})") from err
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{number} is a JSON {type(record).__name__}, not an object of fields")
+            records.append(record)
     return records
 
 

@@ -114,6 +114,10 @@ def test_missing_path_is_named_with_exit_code_2(capsys, corpus, tmp_path):
     assert not (tmp_path / "index").exists()
     assert cli.main(["inspect", str(tmp_path / "missing.md")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert cli.main(["inspect", "missing_script.py"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert cli.main(["inspect", str(folder)]) == 2
+    assert "is a folder" in capsys.readouterr().err
 
 
 def test_bad_jsonl_and_bad_options(capsys, tmp_path):

@@ -581,3 +581,9 @@ def test_nugget_passes_spare_transformers_building_a_mask(make_model, doc_ids, m
     assert not built
     model.llama(input_ids=ids, attention_mask=mask.long())
     assert built  # a plain forward still gets its padding mask
+
+
+def test_nugget_count_is_exact_for_decimal_ratios():
+    from nugget_rag.config import nugget_count
+
+    assert [nugget_count(115, 1.15), nugget_count(100, 10), nugget_count(101, 10), nugget_count(3, 1000)] == [100, 10, 11, 1]

@@ -298,3 +298,15 @@ def test_examples_end_where_their_targets_end():
     assert build("qa", {**row, "answers": ["cat"]})["skip"] == [""]
     assert build("qa", row)["skip"] == ["answer cut off with the document"]
     assert build("summarization", {"article": "the cat sat", "highlights": " "})["skip"] == ["no answer"]
+
+
+def test_jsonl_lines_end_at_newlines_only_and_must_be_objects(tmp_path):
+    from nugget_rag.corpora import read_documents
+
+    good = tmp_path / "good.jsonl"
+    good.write_text("\ufeff" + json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\n" + json.dumps({"text": "c"}) + "\n")
+    assert [d["text"] for d in read_documents(good)] == ["a\u2028b", "c"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "c"}) + "\n" + json.dumps("just a string") + "\n")
+    with pytest.raises(DataError, match="bad.jsonl:2 is a JSON str, not an object"):
+        read_documents(bad)
