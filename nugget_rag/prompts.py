@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Sequence
 from string import Formatter
 
 from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
 
 QA_PROMPT = "Based on the provided document, answer the following question: {question}"
 SUMMARY_PROMPT = "Please summarize the above document in one sentence."
@@ -45,7 +49,15 @@ def chat_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, s
     """`messages` ({role, content} dicts) rendered in the chat template, ready for the assistant's reply."""
     if tokenizer.chat_template:
         return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    _warn_no_template(tokenizer.name_or_path)
+    bos = tokenizer.bos_token or ""  # ids are made without special tokens: a base model still gets its BOS
+    return bos + "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+@functools.cache
+def _warn_no_template(name: str) -> None:
+    log.warning("the tokenizer of %s has no chat template; prompts use a plain 'role: text' format, which a model "
+                "not trained on it may read poorly", name)
 
 
 def chat_token_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[int]:

@@ -41,3 +41,14 @@ def test_only_conversions_killed_long_ago_are_cleared(tmp_path):
     os.utime(other, (hours_ago, hours_ago))
     _remove_stale_conversions(target)
     assert not stale.exists() and running.exists() and other.exists()
+
+
+def test_a_tokenizer_without_chat_template_gets_a_plain_prompt_with_bos(caplog):
+    from nugget_rag.prompts import chat_text
+
+    tok = tiny_base(layers=1).tokenizer
+    tok.chat_template = None
+    tok.name_or_path = "no-template-model"
+    with caplog.at_level("WARNING", logger="nugget_rag.prompts"):
+        text = chat_text(tok, [{"role": "user", "content": "Hi"}])
+    assert text == f"{tok.bos_token or ''}user: Hi\nassistant: " and "no chat template" in caplog.text
