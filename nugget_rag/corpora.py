@@ -71,9 +71,9 @@ def _rule(spec: dict, split: str, path: Path) -> Callable[[int, int], bool] | No
         if m := re.fullmatch(r"index % (\d+) == (\d+)", text):
             mod, rem = int(m[1]), int(m[2])
             return lambda i, n: i % mod == rem
-        if m := re.fullmatch(r"first (\d+)% of \w+", text):
-            share = int(m[1]) / 100
-            return lambda i, n: i < int(n * share)
+        if m := re.fullmatch(r"first (\d+)% of \w+", text):  # the exact complement of "last (100 - P)%"
+            share = 1 - int(m[1]) / 100
+            return lambda i, n: i < n - int(round(n * share))
         if m := re.fullmatch(r"last (\d+)% of \w+", text):
             share = int(m[1]) / 100
             return lambda i, n: i >= n - int(round(n * share))

@@ -310,3 +310,13 @@ def test_jsonl_lines_end_at_newlines_only_and_must_be_objects(tmp_path):
     bad.write_text(json.dumps({"text": "c"}) + "\n" + json.dumps("just a string") + "\n")
     with pytest.raises(DataError, match="bad.jsonl:2 is a JSON str, not an object"):
         read_documents(bad)
+
+
+def test_percentage_splits_leave_no_unit_out(tmp_path):
+    from nugget_rag.corpora import split_filter
+
+    (tmp_path / "splits.json").write_text(json.dumps({"c.txt": {"train": "first 80% of articles",
+                                                                "test": "last 20% of articles"}}))
+    for n in range(1, 80):
+        parts = [[i for i in range(n) if split_filter(tmp_path / "c.txt", s)(i, n)] for s in ("train", "dev", "test")]
+        assert sorted(sum(parts, [])) == list(range(n)), n
