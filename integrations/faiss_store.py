@@ -409,8 +409,7 @@ def _write_content(directory: Path, stem: str, suffix: str, data: bytes) -> dict
     """Write `data` under a name of its digest (never over another save's file); its name and sha256."""
     digest = hashlib.sha256(data).hexdigest()
     path = directory / f"{stem}-{digest[:16]}{suffix}"
-    if not path.is_file() or path.stat().st_size != len(data):
-        _write_bytes(path, data)
+    _write_bytes(path, data)  # also when the name exists: that file may have been damaged since
     return {"name": path.name, "sha256": digest}
 
 

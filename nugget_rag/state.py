@@ -85,20 +85,22 @@ class NuggetState:
             _check_shapes(state)
         except CorruptStateError:
             raise
-        except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as err:  # JSON errors: ValueError
+        except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, IndexError, RuntimeError) as err:
             raise CorruptStateError(f"not a readable nugget state ({err})") from err
         return state
 
 
 def _check_shapes(state: NuggetState) -> None:
+    if state.positions.ndim != 1:
+        raise CorruptStateError("positions are not one index per nugget")
     k = state.k
     if not (isinstance(state.tokens, list) and len(state.tokens) == k and all(isinstance(t, str) for t in state.tokens)):
         raise CorruptStateError("the token list does not match the nugget count")
     if state.keys.ndim != 4 or state.keys.shape != state.values.shape or state.keys.shape[2] != k:
         raise CorruptStateError(f"keys {tuple(state.keys.shape)} and values {tuple(state.values.shape)} are not "
                                 f"[layers, kv_heads, {k}, head_dim]")
-    if state.positions.ndim != 1 or state.scores.shape != (k,):
-        raise CorruptStateError("positions and scores are not one value per nugget")
+    if state.scores.shape != (k,):
+        raise CorruptStateError("scores are not one value per nugget")
 
 
 def _digest(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:

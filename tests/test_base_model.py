@@ -52,3 +52,17 @@ def test_a_tokenizer_without_chat_template_gets_a_plain_prompt_with_bos(caplog):
     with caplog.at_level("WARNING", logger="nugget_rag.prompts"):
         text = chat_text(tok, [{"role": "user", "content": "Hi"}])
     assert text == f"{tok.bos_token or ''}user: Hi\nassistant: " and "no chat template" in caplog.text
+
+
+def test_a_conversion_counts_as_current_only_for_its_gguf(tmp_path):
+    import json
+
+    from nugget_rag.base_model import SOURCE_FILE, _converted_from
+
+    source = {"gguf": "m.gguf", "bytes": 10, "name": "M"}
+    assert not _converted_from(tmp_path, source)
+    (tmp_path / "config.json").write_text("{}")
+    for recorded, current in [({"gguf": "m.gguf", "name": "M"}, True), (source, True),
+                              ({**source, "bytes": 11}, False), ({**source, "gguf": "n.gguf"}, False)]:
+        (tmp_path / SOURCE_FILE).write_text(json.dumps(recorded))
+        assert _converted_from(tmp_path, source) is current, recorded

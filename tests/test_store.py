@@ -280,7 +280,7 @@ def _digested(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes:
     return save_tensors(tensors, metadata={**meta, "digest": _digest(tensors, meta)})
 
 
-@pytest.mark.parametrize("bad", ["list-header", "tokens-not-a-list", "values-shape"])
+@pytest.mark.parametrize("bad", ["list-header", "tokens-not-a-list", "values-shape", "scalar-positions"])
 def test_well_digested_but_malformed_entries_are_corrupt(bad):
     state = make_state()
     tensors = {"keys": state.keys, "values": state.values, "positions": state.positions, "scores": state.scores}
@@ -290,7 +290,11 @@ def test_well_digested_but_malformed_entries_are_corrupt(bad):
         data = len(header).to_bytes(8, "little") + header
     elif bad == "tokens-not-a-list":
         data = _digested(tensors, {**meta, "tokens": json.dumps("abc")})
-    else:
+    elif bad == "values-shape":
         data = _digested({**tensors, "values": state.values[:, :, :1].contiguous()}, meta)
+    else:  # no digest can be computed over a 0-d tensor: any claimed one is checked, and must fail cleanly
+        from safetensors.torch import save as save_tensors
+
+        data = save_tensors({**tensors, "positions": torch.tensor(3)}, metadata={**meta, "digest": "0" * 64})
     with pytest.raises(CorruptStateError):
         NuggetState.from_bytes(data)
