@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -36,6 +34,7 @@ from langchain_text_splitters import RecursiveCharacterTextSplitter
 from tqdm.auto import tqdm
 
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
+from nugget_rag.files import fsync_directory, write_atomic
 from nugget_rag.llm import NuggetLLM
 from nugget_rag.model import DEFAULT_CHECKPOINT
 from nugget_rag.store import DirectoryByteStore, NuggetStore
@@ -277,7 +276,7 @@ class NuggetIndex:
             vectors = faiss.serialize_index(self.vectorstore.index).tobytes()
             files["faiss"] = _write_content(directory, "index", ".faiss", vectors)
         _write_json(directory / MANIFEST_FILE, {**self.manifest(), "files": files})  # the commit
-        _fsync_directory(directory)
+        fsync_directory(directory)
         for name in replaced - {f["name"] for f in files.values()}:
             (directory / name).unlink(missing_ok=True)
         return directory
@@ -388,37 +387,16 @@ def _is_store_at(store: NuggetStore, directory: Path) -> bool:
     return isinstance(byte_store, DirectoryByteStore) and byte_store.directory.resolve() == directory.resolve()
 
 
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all: a synced temporary file renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + "~")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def _write_json(path: Path, value: Any) -> None:
-    _write_bytes(path, json.dumps(value, ensure_ascii=False).encode())
+    write_atomic(path, json.dumps(value, ensure_ascii=False).encode())
 
 
 def _write_content(directory: Path, stem: str, suffix: str, data: bytes) -> dict[str, str]:
     """Write `data` under a name of its digest (never over another save's file); its name and sha256."""
     digest = hashlib.sha256(data).hexdigest()
     path = directory / f"{stem}-{digest[:16]}{suffix}"
-    _write_bytes(path, data)  # also when the name exists: that file may have been damaged since
+    write_atomic(path, data)  # also when the name exists: that file may have been damaged since
     return {"name": path.name, "sha256": digest}
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _data_files(manifest: dict[str, Any], directory: Path) -> dict[str, dict[str, str]]:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -15,6 +13,7 @@ from pathlib import Path
 import torch
 from langchain_core.stores import ByteStore
 
+from .files import write_atomic
 from .state import CorruptStateError, NuggetState
 
 logger = logging.getLogger(__name__)
@@ -47,16 +46,7 @@ class DirectoryByteStore(ByteStore):
         for key, value in key_value_pairs:
             path = self._path(key)
             path.parent.mkdir(exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{key}{_TMP_MARK}")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(value)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_atomic(path, value)  # its temporary name holds _TMP_MARK
 
     def mdelete(self, keys: Sequence[str]) -> None:
         for key in keys:

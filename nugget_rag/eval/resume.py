@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
+from ..files import write_atomic
 from ..model import DEFAULT_CHECKPOINT, WEIGHTS_FILE, default_checkpoint_for
 from .config import EvalConfig
 from .tasks import TaskData
@@ -120,11 +120,5 @@ def save_progress(results: dict, cfg: EvalConfig) -> None:
     results_path, predictions_path = paths(cfg)
     results_path.parent.mkdir(parents=True, exist_ok=True)
     body = {k: v for k, v in results.items() if k != "predictions"}
-    _atomic_write(results_path, json.dumps(body, indent=2, default=str))
-    _atomic_write(predictions_path, "".join(json.dumps(p) + "\n" for p in results["predictions"]))
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(results_path, json.dumps(body, indent=2, default=str))
+    write_atomic(predictions_path, "".join(json.dumps(p) + "\n" for p in results["predictions"]))

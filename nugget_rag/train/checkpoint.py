@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..files import fsync_directory
+
 log = logging.getLogger(__name__)
 
 PREFIX = "checkpoint-"
@@ -109,11 +111,7 @@ def publish(tmp: Path, final: Path) -> None:
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
-    directory = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    fsync_directory(final.parent)
 
 
 def _write_json(path: Path, data: dict) -> None:

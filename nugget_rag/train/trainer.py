@@ -6,7 +6,6 @@ import importlib.util
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from collections import defaultdict
@@ -21,6 +20,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 
 from ..config import DECODER
+from ..files import write_atomic
 from ..generation import GenerationSettings, generate
 from ..metrics import answer_correct, bleu, rouge
 from ..model import DEFAULT_CHECKPOINT, NuggetModel, checkpoint_config, default_checkpoint_for
@@ -313,9 +313,7 @@ class Trainer:
         if self.accelerator.is_main_process and path.is_file():
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
             kept = [x for x in lines if x.get("step", 0) <= step and x.get("kind") != "data"]
-            tmp = path.with_name(f".tmp-{path.name}")
-            tmp.write_text("".join(json.dumps(x) + "\n" for x in kept))
-            os.replace(tmp, path)
+            write_atomic(path, "".join(json.dumps(x) + "\n" for x in kept))
 
     def plot(self) -> Path | None:
         """Train loss per source and dev loss against steps, as loss.png."""

@@ -1,0 +1,29 @@
+"""Crash-safe writes: a file is replaced whole or not at all, and a rename is made durable."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write `path` through a synced temporary file beside it (named `<name>~...`), renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}~")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the renames and deletions in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
