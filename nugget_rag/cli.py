@@ -24,7 +24,6 @@ from .model import DEFAULT_CHECKPOINT
 log = logging.getLogger("nugget_rag.cli")
 
 
-
 class UserError(Exception):
     """A mistake in the command line or its inputs: reported as one line, exit code 2."""
 

@@ -30,8 +30,9 @@ class NuggetLLM(BaseChatModel):
     - a string or a list of messages, with documents passed as ``documents=[...]`` (``invoke(..., documents=d)`` or
       ``.bind(documents=d)``), or carried in a human message's ``additional_kwargs["documents"]``;
     - no documents at all: a plain chat model (documents that are all empty or whitespace are a ValueError).
-    With documents, the last human message fills the ``{question}`` of `prompt_template` (its one placeholder;
-    default: the paper's QA prompt, Appendix D), and the decoder reads the chat-formatted prompt with the nuggets of
+    With documents, the last human message fills the ``{question}`` of `prompt_template` (its only placeholder;
+    default: the paper's QA prompt, Appendix D; a template without it, such as SUMMARY_PROMPT, takes an empty
+    message), and the decoder reads the chat-formatted prompt with the nuggets of
     each document, in order, where Full's prompt has the documents' text: at the start of that message
     (`NuggetConfig.placement`; checkpoints trained before the setting existed read them ahead of the whole prompt).
     Documents already compressed by a NuggetCompressor are read from its store; others are compressed on the fly.

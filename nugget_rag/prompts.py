@@ -18,17 +18,23 @@ LMSUMM_PROMPT = "Please summarize the following text into {words} words: {text}"
 
 def check_template(template: str) -> str:
     """`template` if it has no placeholder other than `{question}`, else a ValueError naming the problem."""
+    _question_field(template)
+    return template
+
+
+def _question_field(template: str) -> bool:
+    """Whether `template` has the `{question}` placeholder; a ValueError for any other placeholder."""
     fields = {name for _, name, _, _ in Formatter().parse(template) if name is not None}
     if fields - {"question"}:
         raise ValueError(f"prompt template {template!r} has placeholder(s) {sorted(fields - {'question'})}, but only "
                          "{question} is filled; remove them (write literal braces doubled: {{ }})")
-    return template
+    return bool(fields)
 
 
 def render_instruction(template: str, question: str) -> str:
     """Fill `{question}` of a prompt template; a template without it (a fixed instruction such as SUMMARY_PROMPT)
     is used as it is, and then takes no question."""
-    if "question" in {name for _, name, _, _ in Formatter().parse(check_template(template))}:
+    if _question_field(template):
         return template.format(question=question)
     if question.strip():
         raise ValueError(f"prompt template {template!r} has no {{question}} placeholder, so the question "

@@ -2,8 +2,9 @@
 
 A cell is reused only when its task's *setup* is the same: data file, split, limit, the examples' ids, the
 checkpoints (paths and weights digests), base model (name and weights digest), device type, dtype, batch size and
-the task's generation settings. Speed and the optimal-selection study are carried over as they are. A run of other tasks,
-systems or ratios under the same name adds its cells to the same report (`commands` lists every contributing run).
+the task's generation settings. Speed and the optimal-selection study are carried over as they are. A run of other
+tasks, systems or ratios under the same name adds its cells to the same report (`commands` lists every
+contributing run).
 """
 
 from __future__ import annotations

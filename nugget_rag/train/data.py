@@ -87,8 +87,9 @@ def _splits_entry(path: Path) -> dict | None:
     return json.loads(table.read_text()).get(path.name)
 
 
-def _guard_test_part(source: Source, fmt: str, split: str | None) -> None:
-    """A file whose splits.json names a test part is read only by part, and in the units those parts count."""
+def _guard_test_part(source: Source, fmt: str, split: str | None, entry: dict | None) -> None:
+    """A file whose splits.json `entry` names a test part is read only by part, and in the units those parts
+    count; a folder holding such a file is refused."""
     path = Path(source.path)
     if path.is_dir():
         held = [f.name for f in _files(path, fmt) if (_splits_entry(f) or {}).get("test") is not None]
@@ -96,7 +97,6 @@ def _guard_test_part(source: Source, fmt: str, split: str | None) -> None:
             raise corpora.DataError(f"{path} holds {', '.join(held)}, which {corpora.SPLITS_FILE} gives a test part; "
                                     "name each file as its own source, so that only its part is read")
         return
-    entry = _splits_entry(path)
     if entry is None or entry.get("test") is None:
         return
     native = resolve_format(source.model_copy(update={"format": "auto"}))
@@ -111,9 +111,9 @@ def load_records(source: Source, split: str | None) -> datasets.Dataset | datase
     """The raw records of `split` of a source, in one schema per objective (see `corpora`)."""
     fmt = resolve_format(source)
     path = Path(source.path)
-    if fmt != "hub":
-        _guard_test_part(source, fmt, split)
     entry = _splits_entry(path) if fmt != "hub" else None
+    if fmt != "hub":
+        _guard_test_part(source, fmt, split, entry)
     if fmt == "squad":
         return datasets.Dataset.from_list(corpora.read_squad(path, split))
     if fmt == "hotpotqa":

@@ -33,8 +33,8 @@ class LMSumm(System):
             words = [summary_words(d, ratio) for d in chunk]
             prompts = [chat_token_ids(model.tokenizer, [{"role": "user", "content": LMSUMM_PROMPT.format(words=w, text=d)}])
                        for d, w in zip(chunk, words)]
-            fits = [(d, p, min(model.max_positions - len(p) - 1, 2 * w + 16))
-                    for d, p, w in zip(chunk, prompts, words) if model.max_positions - len(p) - 1 >= 1]
+            rooms = [model.max_positions - len(p) - 1 for p in prompts]
+            fits = [(d, p, min(room, 2 * w + 16)) for d, p, w, room in zip(chunk, prompts, words, rooms) if room >= 1]
             for d in set(chunk) - {d for d, _, _ in fits}:
                 cache[d] = None
             if not fits:
