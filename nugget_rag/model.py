@@ -54,6 +54,8 @@ SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "smollm2-135m-instr
 class DecoderOutput:
     logits: torch.Tensor | None
     loss: torch.Tensor | None = None
+    # with labels: the logits that predict each target, [targets, vocab] in row-major (sample, position) order
+    target_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -535,7 +537,7 @@ class NuggetModel(nn.Module):
             ).last_hidden_state
         extra = embeds.shape[1] - input_ids.shape[1]
         logits = self.llama.lm_head(hidden[:, extra:]) if return_logits else None
-        loss = None
+        loss = target_logits = None
         if labels is not None:
             labels = labels.to(hidden.device)
             # hidden at position i predicts the token at i + 1; with a soft prompt its last vector predicts token 0
@@ -543,14 +545,23 @@ class NuggetModel(nn.Module):
             kept = targets != -100
             if not kept.any():
                 raise ValueError("labels has no target (every label is -100)")
-            loss = F.cross_entropy(self.llama.lm_head(predictors[kept]).float(), targets[kept])
-        return DecoderOutput(logits=logits, loss=loss)
+            target_logits = self.llama.lm_head(predictors[kept]).float()
+            loss = F.cross_entropy(target_logits, targets[kept])
+        return DecoderOutput(logits=logits, loss=loss, target_logits=target_logits)
+
+    def read_text(self, input_ids: torch.Tensor, token_mask: torch.Tensor, adapter: str | None = None) -> torch.Tensor:
+        """Last hidden states of a plain forward over right-padded `input_ids` (no nuggets; adapters off by default:
+        the uncompressed teacher of distillation)."""
+        with self.lock, self.use_adapter(adapter):
+            return self.llama.model(input_ids=input_ids, attention_mask=token_mask.long(), use_cache=False).last_hidden_state
 
     # ------------------------------------------------------------------ save / load
-    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> Path:
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32,
+                        training: dict | None = None) -> Path:
         """Write the nugget parts (adapters, Scorer, soft prompt) as safetensors and the config as JSON.
 
         `dtype=torch.bfloat16` halves the file (what the package ships); loading casts to the model's dtype.
+        `training` (JSON) records how the parts were trained, such as the ratios (`read_checkpoint_meta` shows it).
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -564,6 +575,8 @@ class NuggetModel(nn.Module):
         save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": CHECKPOINT_FORMAT})
         meta = {"format": CHECKPOINT_FORMAT, "base_model": self.base_name, "base_digest": self._base_digest,
                 "config": self.config.model_dump()}
+        if training:
+            meta["training"] = training
         (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
         return directory
 

@@ -1,3 +1,5 @@
+import json
+import random
 import sys
 from pathlib import Path
 
@@ -38,3 +40,23 @@ def doc_ids(make_model):
         return tiny_tokenizer()(text)["input_ids"]
 
     return ids
+
+
+WORDS = "the cat sat on a mat while dogs ran far away into green hills under blue skies".split()
+
+
+@pytest.fixture
+def data(tmp_path):
+    """A folder of small training files: docs.jsonl (text), squad.json (SQuAD format), summ.jsonl (CNN/DM fields)."""
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 30))) for _ in range(40)]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    squad = {"data": [{"title": str(i), "paragraphs": [{"context": t, "qas": [
+        {"id": str(i), "question": "Which word comes first?", "answers": [{"text": t.split()[0]}]}]}]}
+        for i, t in enumerate(texts)]}
+    (folder / "squad.json").write_text(json.dumps(squad))
+    (folder / "summ.jsonl").write_text(
+        "".join(json.dumps({"article": t, "highlights": " ".join(t.split()[:3])}) + "\n" for t in texts))
+    return folder

@@ -1,7 +1,6 @@
 """Training on the tiny model: every objective runs, overfitting works, resume is exact, frozen parts stay frozen."""
 
 import json
-import random
 
 import pytest
 import torch
@@ -18,25 +17,8 @@ from nugget_rag.train.config import TrainConfig
 from nugget_rag.train.data import ExampleStream, Mixture
 from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
 
-WORDS = "the cat sat on a mat while dogs ran far away into green hills under blue skies".split()
 LENGTHS = {"document": 48, "query": 6, "answer": 12, "autoencoding": 24}
 NUGGET = {"ratio": 4, "scorer_layer": 2, "lora": {"rank": 4}}
-
-
-@pytest.fixture
-def data(tmp_path):
-    rng = random.Random(0)
-    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 30))) for _ in range(40)]
-    folder = tmp_path / "data"
-    folder.mkdir()
-    (folder / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    squad = {"data": [{"title": str(i), "paragraphs": [{"context": t, "qas": [
-        {"id": str(i), "question": "Which word comes first?", "answers": [{"text": t.split()[0]}]}]}]}
-        for i, t in enumerate(texts)]}
-    (folder / "squad.json").write_text(json.dumps(squad))
-    (folder / "summ.jsonl").write_text(
-        "".join(json.dumps({"article": t, "highlights": " ".join(t.split()[:3])}) + "\n" for t in texts))
-    return folder
 
 
 def tiny_model(seed: int = 0) -> NuggetModel:

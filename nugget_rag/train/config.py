@@ -84,6 +84,56 @@ class Optimizer(BaseModel):
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping (None: off).")
 
 
+class Distillation(BaseModel):
+    """KL to the uncompressed teacher (KV-Distill): the frozen base model reading the documents' full text with the
+    same prompt; the student is the decoder reading their nuggets. Every objective but the full-context reference."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(0.0, ge=0, le=1, description="Share of the KL in the loss, (1 - w) CE + w KL (0: CE only).")
+    direction: Literal["forward", "reverse", "both"] = Field(
+        "forward", description="KL(teacher || student), KL(student || teacher), or their mean.")
+    temperature: float = Field(1.0, gt=0, description="Both distributions softened by it (the KL scaled by T^2).")
+    top_k: int | None = Field(None, ge=1, description="Forward KL over the teacher's top-k tokens only, both distributions "
+                                                        "renormalised there (less memory).")
+    teacher: str | None = Field(None, description="Teacher LLaMA directory (same tokenizer; default: the student's "
+                                                  "own base model, adapters off).")
+
+    @model_validator(mode="after")
+    def _check(self) -> Distillation:
+        if self.top_k is not None and self.direction != "forward":
+            raise ValueError(f"distill.top_k needs direction='forward' (got {self.direction!r}): the reverse KL needs "
+                             "the teacher's whole distribution")
+        return self
+
+
+class RatioCurriculum(BaseModel):
+    """Compression ratio per micro-batch (Activation Beacon): log-uniform in [low, high], where `high` grows from
+    `low` to its value over `ramp_steps` (0: the whole range from the start). None (the default): nugget.ratio."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    low: float = Field(ge=1, description="Smallest ratio sampled.")
+    high: float = Field(ge=1, description="Largest ratio sampled (once the ramp is over).")
+    ramp_steps: int = Field(0, ge=0, description="Steps over which the largest ratio grows from low to high.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RatioCurriculum:
+        if self.high < self.low:
+            raise ValueError(f"ratios.high={self.high} is below ratios.low={self.low}; give low <= high")
+        return self
+
+
+class ScorerWarmStart(BaseModel):
+    """Before training, regress the Scorer onto a training-free importance signal: the attention that the frozen
+    model's later tokens pay each position of a document (observed attention, H2O)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(0, ge=0, description="Scorer-only steps before step 0 (0: no warm start).")
+    lr: float = Field(1e-3, gt=0, description="Learning rate of the warm start.")
+
+
 class TrainConfig(BaseModel):
     """Everything a run needs; saved beside its checkpoints, and compared on resume."""
 
@@ -96,6 +146,9 @@ class TrainConfig(BaseModel):
     nugget: NuggetConfig = Field(default_factory=NuggetConfig, description="Ratio, Scorer and LoRA settings.")
     data: list[Source] = Field(min_length=1)
     lengths: Lengths = Field(default_factory=Lengths)
+    distill: Distillation = Field(default_factory=Distillation)
+    ratios: RatioCurriculum | None = Field(None, description="Ratio curriculum (default: nugget.ratio throughout).")
+    scorer_warm_start: ScorerWarmStart = Field(default_factory=ScorerWarmStart)
     optim: Optimizer = Field(default_factory=Optimizer)
     batch_size: int = Field(4, ge=1, description="Examples per micro-batch (per process).")
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimiser step.")
@@ -130,6 +183,10 @@ class TrainConfig(BaseModel):
             h, m, s = (int(g or 0) for g in parts.groups())
             return h * 3600 + m * 60 + s
         return value
+
+    def ratio_range(self) -> tuple[float, float]:
+        """The smallest and largest compression ratio this run trains with."""
+        return (self.ratios.low, self.ratios.high) if self.ratios else (self.nugget.ratio, self.nugget.ratio)
 
     def resume_key(self) -> dict:
         """The settings a resumed run must share with the run that wrote the checkpoint."""

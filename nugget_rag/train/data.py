@@ -140,9 +140,12 @@ class ExampleBuilder:
     """Turns records of one source into tokenised examples (a batched `datasets.map` function)."""
 
     def __init__(self, source: Source, tokenizer: PreTrainedTokenizerBase, lengths: Lengths, max_positions: int,
-                 ratio: float, seed: int, in_user_turn: bool):
+                 ratio: float, seed: int, in_user_turn: bool, teacher_positions: int | None = None):
+        """`ratio`: the smallest the run trains with (the most nuggets); `teacher_positions`: with distillation, the
+        teacher's positions (an example whose full text does not fit them is skipped)."""
         self.source, self.tok, self.lengths, self.seed = source, tokenizer, lengths, seed
         self.max_positions, self.ratio, self.in_user_turn = max_positions, ratio, in_user_turn
+        self.teacher_positions = None if source.full_context else teacher_positions
         self.opening = document_opening(tokenizer, in_user_turn)  # NuggetModel.document_opening
         self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._check_lengths()
@@ -166,7 +169,7 @@ class ExampleBuilder:
     def fingerprint(self) -> str:
         meta = [self.source.model_dump(mode="json", exclude={"weight", "streaming"}), self.lengths.model_dump(),
                 self.ratio, self.max_positions, self.seed, self.tok.name_or_path, len(self.tok),
-                self.tok.chat_template, self.in_user_turn, "v3"]
+                self.tok.chat_template, self.in_user_turn, self.teacher_positions, "v3"]
         return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
@@ -179,6 +182,9 @@ class ExampleBuilder:
                 examples = build(row, rows, rng)
             except KeyError as err:
                 examples = [_skip(f"missing field {err}")]
+            if self.teacher_positions is not None:
+                examples = [_skip("teacher input longer than its positions")
+                            if not e["skip"] and teacher_length(e) > self.teacher_positions else e for e in examples]
             for ex in examples:
                 for c in COLUMNS:
                     out[c].append(ex[c])
@@ -275,6 +281,11 @@ def _example(documents: list[list[int]], input_ids: list[int], target_start: int
              prefix: list[int] | None = None) -> dict:
     return {"documents": documents, "prefix": prefix or [], "input_ids": input_ids, "target_start": target_start,
             "references": references, "skip": ""}
+
+
+def teacher_length(example: dict) -> int:
+    """Tokens of an example's uncompressed (teacher) input: prefix, every document's tokens, the decoder's tokens."""
+    return len(example["prefix"]) + sum(len(d) for d in example["documents"]) + len(example["input_ids"])
 
 
 def _skip(reason: str) -> dict:
@@ -396,6 +407,7 @@ class Batch:
     references: list[list[str]]
     target_starts: list[int]
     prefixes: list[list[int]]
+    ratio: float | None = None  # the compression ratio of this micro-batch (None: the model's)
 
     @property
     def tokens(self) -> int:

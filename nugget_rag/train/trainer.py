@@ -13,12 +13,14 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from accelerate import Accelerator, DistributedDataParallelKwargs, DistributedType
 from accelerate.utils import set_seed
 from datasets import Dataset
 from tqdm.auto import tqdm
 
+from ..base_model import load_base_model
 from ..config import DECODER
 from ..files import write_atomic
 from ..generation import GenerationSettings, generate
@@ -27,11 +29,14 @@ from ..model import DEFAULT_CHECKPOINT, NuggetModel, checkpoint_config, default_
 from . import checkpoint
 from .config import Source, TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
+from .distill import Teacher
 from .objectives import ObjectiveLoss, compress_batch
+from .warm_start import warm_start_scorer
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "train_config.json"
+RECIPE = {"distill", "ratios", "scorer_warm_start"}  # settings a resumed run may change (with a warning)
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 FINAL_DIR = "final"
@@ -88,12 +93,13 @@ class Trainer:
         if config.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         self.model = model
+        self.teacher = self._teacher() if config.distill.weight > 0 else None
         self.names = source_names(config.data)
         self.mixture, self.dev = self._data()
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.loss = ObjectiveLoss(model, config.data)
-        self.loss, self.optimizer = self.accelerator.prepare(self.loss, self.optimizer)
+        self.objective = ObjectiveLoss(model, config.data, config.distill, self.teacher)
+        self.loss, self.optimizer = self.accelerator.prepare(self.objective, self.optimizer)
         self.step = 0
         if trackers:
             self.accelerator.init_trackers("nugget-rag")
@@ -105,12 +111,26 @@ class Trainer:
         gpu = torch.cuda.is_available() and not self.config.cpu
         return "bf16" if gpu and torch.cuda.is_bf16_supported() else "no"
 
+    def _teacher(self) -> Teacher:
+        path = self.config.distill.teacher
+        if path is None:
+            return Teacher(self.model)
+        return Teacher(self.model, load_base_model(path, device=self.accelerator.device, dtype=torch.float32))
+
     def _check_resume(self) -> None:
+        """A resumed run must keep the settings that shape its data and model; a changed recipe (distillation,
+        ratios, warm start) is allowed, with a warning that names it."""
         saved = self.out / CONFIG_FILE
         if checkpoint.latest(self.out) is not None and saved.is_file():
             before = json.loads(saved.read_text())
             now = self.config.resume_key()
             differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            changed = [k for k in differ if k in RECIPE]
+            if changed:
+                log.warning("resuming %s with another recipe: %s (was %s)", self.out,
+                            ", ".join(f"{k}={json.dumps(now.get(k))}" for k in changed),
+                            ", ".join(f"{k}={json.dumps(before.get(k))}" for k in changed))
+            differ = [k for k in differ if k not in RECIPE]
             if differ:
                 raise ValueError(
                     f"{self.out} holds checkpoints of a run with other settings ({', '.join(differ)} differ); "
@@ -121,11 +141,15 @@ class Trainer:
         cfg, tok = self.config, self.model.tokenizer
         cache = self.out / "cache"
         streams, dev = [], []
+        teacher = self.teacher.max_positions if self.teacher else None
+        self.examples: list = []  # each source's training examples (the Scorer warm start draws its own order)
         self.data_lines: list[dict] = []  # written to the metrics once a resume has trimmed them
         for i, (source, name) in enumerate(zip(cfg.data, self.names)):
-            builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, self.model.config.ratio,
-                                     cfg.seed, in_user_turn=self.model.config.placement == "in_user_turn")
+            builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, cfg.ratio_range()[0],
+                                     cfg.seed, in_user_turn=self.model.config.placement == "in_user_turn",
+                                     teacher_positions=teacher)
             examples, skipped = build_examples(source, source.split, builder, cache)
+            self.examples.append(examples)
             count = "streamed" if skipped is None else len(examples)
             log.info("%s: %s training examples; skipped %s", name, count, dict(skipped or {}) or "none")
             self.data_lines.append({"kind": "data", "source": name, "examples": count, "skipped": dict(skipped or {})})
@@ -152,6 +176,38 @@ class Trainer:
         ]
         return torch.optim.AdamW(groups, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
 
+    def _ratio(self) -> float | None:
+        """The next micro-batch's compression ratio under the curriculum (None without one: the model's)."""
+        ratios = self.config.ratios
+        if ratios is None:
+            return None
+        grown = min(1.0, self.step / ratios.ramp_steps) if ratios.ramp_steps else 1.0
+        high = ratios.low * (ratios.high / ratios.low) ** grown
+        u = np.random.default_rng([self.config.seed, 11, self.mixture.draws]).random()
+        return float(ratios.low * (high / ratios.low) ** u)
+
+    def _warm_start(self) -> None:
+        """The Scorer warm start, on documents of every source that has some, in an order of its own."""
+        cfg = self.config
+        kept = [i for i, s in enumerate(cfg.data) if not s.full_context]
+        if not cfg.scorer_warm_start.steps or not kept:
+            return
+        streams = [ExampleStream(self.examples[i], seed=cfg.seed * 1000 + i + 500) for i in kept]
+        batches = Mixture(streams, [cfg.data[i].weight for i in kept], cfg.seed + 1, cfg.batch_size,
+                          self.model.tokenizer.pad_token_id)
+        self.model.train()
+        losses = warm_start_scorer(self.model, batches, cfg.scorer_warm_start.steps, cfg.scorer_warm_start.lr)
+        if losses:
+            self._metric({"kind": "warm_start", "step": 0, "steps": len(losses), "kl_first": round(losses[0], 4),
+                          "kl_last": round(losses[-1], 4)})
+
+    def training_record(self) -> dict:
+        """How the exported parts were trained (written beside them)."""
+        cfg = self.config
+        return {"steps": self.step, "ratios": list(cfg.ratio_range()), "objectives": self.names,
+                "distill": cfg.distill.model_dump(mode="json") if cfg.distill.weight > 0 else None,
+                "scorer_warm_start_steps": cfg.scorer_warm_start.steps}
+
     def _lr_factor(self, step: int) -> float:
         warmup, total = self.config.optim.warmup_steps, self.config.max_steps
         if step < warmup:
@@ -171,6 +227,8 @@ class Trainer:
         if acc.is_main_process:
             (self.out / CONFIG_FILE).write_text(json.dumps(cfg.resume_key(), indent=1))
         start, losses, window = time.monotonic(), [], _Window()
+        if self.step == 0:
+            self._warm_start()
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="training", disable=not acc.is_local_main_process)
         if self.step == 0 and cfg.eval_every:
             self.evaluate()  # the starting point, for the before/after comparison
@@ -179,12 +237,14 @@ class Trainer:
         while self.step < cfg.max_steps:
             tick = time.monotonic()
             for micro in range(cfg.grad_accum):
+                ratio = self._ratio()
                 batch = self.mixture.next_batch()
+                batch.ratio = ratio
                 sync = micro == cfg.grad_accum - 1
                 with acc.no_sync(self.loss) if not sync and acc.num_processes > 1 else nullcontext():
                     loss = self.loss(batch)
                     acc.backward(loss / cfg.grad_accum)
-                window.add(self.names[batch.source], loss.detach().item(), batch.tokens)
+                window.add(self.names[batch.source], loss.detach().item(), batch.tokens, self.objective.terms)
             if cfg.optim.max_grad_norm:
                 acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
             self.optimizer.step()
@@ -215,7 +275,7 @@ class Trainer:
         if acc.is_main_process:
             staging = self.out / f".tmp-{FINAL_DIR}"
             shutil.rmtree(staging, ignore_errors=True)
-            self.model.save_pretrained(staging, dtype=getattr(torch, cfg.export_dtype))
+            self.model.save_pretrained(staging, dtype=getattr(torch, cfg.export_dtype), training=self.training_record())
             checkpoint.publish(staging, final)
             self.plot()
         acc.end_training()
@@ -258,12 +318,15 @@ class Trainer:
         for index, (name, held) in enumerate(zip(self.names, self.dev)):
             if not held:
                 continue
-            total, count = 0.0, 0
+            totals: dict[str, float] = defaultdict(float)
             for start in range(0, len(held), cfg.batch_size):
                 chunk = held[start : start + cfg.batch_size]
-                total += float(self.loss(collate(chunk, index, model.tokenizer.pad_token_id))) * len(chunk)
-                count += len(chunk)
-            line[f"{name}/loss"] = round(total / count, 4)
+                self.loss(collate(chunk, index, model.tokenizer.pad_token_id))
+                for term, value in self.objective.terms.items():
+                    totals[term] += value * len(chunk)
+            # the dev loss is the cross-entropy (comparable with and without distillation); the KL beside it
+            line[f"{name}/loss"] = round(totals.pop("ce") / len(held), 4)
+            line.update({f"{name}/{term}": round(value / len(held), 4) for term, value in totals.items()})
             if cfg.eval_generate:
                 line.update(self._generation_scores(name, cfg.data[index], held[: cfg.eval_generate], index))
         model.train(was_training)
@@ -352,14 +415,19 @@ class _Window:
 
     def __init__(self):
         self.losses: dict[str, list[float]] = defaultdict(list)
+        self.terms: dict[str, list[float]] = defaultdict(list)
         self.tokens, self.seconds = 0, 0.0
 
-    def add(self, name: str, loss: float, tokens: int) -> None:
+    def add(self, name: str, loss: float, tokens: int, terms: dict[str, float]) -> None:
         self.losses[name].append(loss)
+        if "kl" in terms:  # the loss mixes CE and KL: log each
+            for term, value in terms.items():
+                self.terms[f"{term}/{name}"].append(value)
         self.tokens += tokens
 
     def flush(self) -> dict:
         line = {f"loss/{k}": round(sum(v) / len(v), 4) for k, v in self.losses.items()}
+        line.update({k: round(sum(v) / len(v), 4) for k, v in self.terms.items()})
         line["tokens_per_s"] = round(self.tokens / self.seconds, 1) if self.seconds else 0.0
         self.__init__()
         return line

@@ -1,0 +1,151 @@
+"""Issue 24's recipe on the tiny model: KL to the uncompressed teacher, the ratio curriculum, the Scorer warm start."""
+
+import json
+
+import pytest
+import torch
+from test_train import LENGTHS, config, source, tiny_model
+from tiny import tiny_base, tiny_tokenizer
+
+from nugget_rag.base_model import prepare_base_model
+from nugget_rag.config import DECODER, ENCODER
+from nugget_rag.model import read_checkpoint_meta
+from nugget_rag.train.config import Distillation, Lengths, Source
+from nugget_rag.train.data import ExampleBuilder, build_examples, teacher_length
+from nugget_rag.train.distill import Teacher, kl_loss
+from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
+from nugget_rag.train.warm_start import importance_targets, scorer_loss
+
+QA_ONE = {"objective": "qa", "path": "squad.json", "dev_split": None}
+
+
+def qa_source(data, **options) -> dict:
+    return {**QA_ONE, "path": str(data / "squad.json"), **options}
+
+
+def first_batch(trainer: Trainer, ratio: float | None = None):
+    batch = trainer.mixture.next_batch()
+    batch.ratio = ratio
+    return batch
+
+
+def test_kl_is_zero_where_the_student_reads_everything_the_teacher_reads(data, tmp_path):
+    """r = 1, one document, untrained (identity) adapters: the decoder reads exactly the teacher's states."""
+    cfg = config(tmp_path, [qa_source(data)], distill={"weight": 0.5, "direction": "both"})
+    trainer = Trainer(cfg, tiny_model())
+    trainer.objective(first_batch(trainer, ratio=1))
+    assert trainer.objective.terms["kl"] < 1e-5
+    trainer.objective(first_batch(trainer, ratio=4))  # compression makes them differ
+    assert trainer.objective.terms["kl"] > 1e-4
+
+
+def test_teacher_logits_align_with_the_students_targets(data, tmp_path):
+    trainer = Trainer(config(tmp_path, [source("autoencoding", data)], distill={"weight": 1.0}), tiny_model())
+    batch = first_batch(trainer, ratio=1)
+    teacher = trainer.teacher.target_logits(batch, soft_prompt=True)
+    student = trainer.model.decode(
+        [[s] for s in trainer.model.compress([d[0] for d in batch.documents], ratio=1)], batch.input_ids,
+        batch.token_mask, labels=batch.labels, soft_prompt=True, prefixes=batch.prefixes,
+    ).target_logits
+    assert teacher.shape == student.shape == (int((batch.labels != -100).sum()), len(trainer.model.tokenizer))
+
+
+def test_kl_gradient_reaches_both_adapters_and_the_scorer(data, tmp_path):
+    trainer = Trainer(config(tmp_path, [qa_source(data)], distill={"weight": 1.0}), tiny_model())
+    loss = trainer.objective(first_batch(trainer))
+    loss.backward()
+    model = trainer.model
+    for name, params in [("encoder", model.adapter_parameters(ENCODER)), ("decoder", model.adapter_parameters(DECODER)),
+                         ("scorer", model.scorer.parameters())]:
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params), name
+
+
+@pytest.mark.parametrize("direction,top_k", [("forward", None), ("reverse", None), ("both", None), ("forward", 3)])
+def test_kl_loss_is_zero_only_for_equal_distributions(direction, top_k):
+    settings = Distillation(weight=1, direction=direction, top_k=top_k)
+    logits = torch.randn(5, 11)
+    assert float(kl_loss(logits, logits, settings)) == pytest.approx(0, abs=1e-6)
+    assert float(kl_loss(torch.randn(5, 11), logits, settings)) > 1e-3
+
+
+def test_top_k_needs_the_forward_kl():
+    with pytest.raises(ValueError, match="direction='forward'"):
+        Distillation(weight=1, direction="reverse", top_k=5)
+
+
+def test_a_teacher_with_another_tokenizer_is_refused():
+    tok = tiny_tokenizer()
+    tok.add_tokens(["<extra>"])
+    other = prepare_base_model(tiny_base().model, tok, "other")
+    with pytest.raises(ValueError, match="another tokenizer"):
+        Teacher(tiny_model(), other)
+
+
+def test_a_teacher_input_longer_than_its_positions_is_skipped_and_counted(data):
+    qa = Source.model_validate(qa_source(data, documents_per_example=3))
+    tok = tiny_tokenizer()
+
+    def build(teacher_positions):
+        builder = ExampleBuilder(qa, tok, Lengths(**LENGTHS), 512, 4, 0, True, teacher_positions=teacher_positions)
+        return build_examples(qa, "train", builder, None)
+
+    examples, _ = build(None)
+    lengths = sorted(teacher_length(e) for e in examples)
+    limit = lengths[len(lengths) // 2]
+    kept, skipped = build(limit)
+    assert skipped == {"teacher input longer than its positions": sum(n > limit for n in lengths)}
+    assert len(kept) == sum(n <= limit for n in lengths) > 0
+
+
+def test_curriculum_samples_ratios_in_its_range_and_records_them(data, tmp_path):
+    cfg = config(tmp_path, [qa_source(data)], max_steps=3, ratios={"low": 2, "high": 8, "ramp_steps": 2})
+    trainer = Trainer(cfg, tiny_model())
+    seen = []
+    for step in range(3):
+        trainer.step = step
+        seen.append(trainer._ratio())
+        trainer.mixture.next_batch()
+    assert seen[0] == 2 and all(2 <= r <= 8 for r in seen) and len(set(seen)) == 3
+    trainer.step = 0
+    result = trainer.train()
+    assert read_checkpoint_meta(result.final_dir)["training"]["ratios"] == [2.0, 8.0]
+
+
+def test_curriculum_range_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="below ratios.low"):
+        config(tmp_path, [QA_ONE], ratios={"low": 8, "high": 2})
+
+
+def test_scorer_warm_start_moves_the_scorer_towards_observed_attention(data, tmp_path):
+    model = tiny_model()
+    documents = [[5 + (i * 7 + j) % 60 for j in range(30)] for i in range(3)]
+    targets = importance_targets(model, documents)
+    assert all(abs(float(t.sum()) - 1) < 1e-5 and len(t) == 29 for t in targets)
+    before = float(scorer_loss(model, documents, targets).detach())
+    cfg = config(tmp_path, [qa_source(data), source("autoencoding", data)], max_steps=1,
+                 scorer_warm_start={"steps": 30, "lr": 1e-2})
+    encoder = [p.detach().clone() for p in model.adapter_parameters(ENCODER)]
+    trainer = Trainer(cfg, model)
+    trainer._warm_start()
+    assert float(scorer_loss(model, documents, targets).detach()) < before
+    assert all(torch.equal(a, b) for a, b in zip(encoder, model.adapter_parameters(ENCODER)))  # Scorer only
+    line = json.loads((tmp_path / "run" / METRICS_FILE).read_text().splitlines()[-1])
+    assert line["kind"] == "warm_start" and line["kl_last"] < line["kl_first"]
+
+
+def test_a_resumed_run_with_another_recipe_is_warned_about(data, tmp_path, caplog):
+    sources = [qa_source(data)]
+    train(config(tmp_path, sources, max_steps=2), tiny_model())
+    Trainer(config(tmp_path, sources, max_steps=4, distill={"weight": 0.5}), tiny_model())
+    assert "another recipe: distill=" in caplog.text and '"weight": 0.5' in caplog.text
+
+
+def test_distillation_trains_and_logs_both_terms(data, tmp_path):
+    cfg = config(tmp_path, [qa_source(data, dev_split="dev"), source("autoencoding", data)], max_steps=2,
+                 eval_every=2, distill={"weight": 0.5})
+    result = train(cfg, tiny_model())
+    assert any(k.startswith("kl/") for line in result.losses for k in line)
+    lines = [json.loads(x) for x in (tmp_path / "run" / METRICS_FILE).read_text().splitlines()]
+    evals = [x for x in lines if x["kind"] == "eval"]
+    assert "qa:squad/kl" in evals[-1] and "qa:squad/loss" in evals[-1]
+    assert read_checkpoint_meta(result.final_dir)["training"]["distill"]["weight"] == 0.5
