@@ -21,18 +21,15 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from .adapters import Adapters, weights_version
 from .attention import CaptureNuggets, ReadNuggets, rotate_keys
 from .attention import install as install_attention
 from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
@@ -85,11 +82,6 @@ class NuggetModel(nn.Module):
         lm = base.model
         install_attention(lm.model)
         self._base_digest = _base_digest(lm)
-        lora = self.config.lora
-        settings = dict(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=list(lora.target_modules), bias="none")
-        # Nuggets are keys/values: the encoder's last query and output projections never shape them.
-        unused = rf".*layers\.{lm.config.num_hidden_layers - 1}\.self_attn\.(q_proj|o_proj)"
         rope_type = (getattr(lm.config, "rope_parameters", None) or {}).get("rope_type", "default")
         if rope_type in ("dynamic", "longrope"):
             raise ValueError(f"{base.name} uses rope_type={rope_type!r}, whose frequencies depend on the sequence "
@@ -104,26 +96,14 @@ class NuggetModel(nn.Module):
         # and the caller's random stream is left as it was.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed)
-            self.peft = get_peft_model(lm, LoraConfig(**settings, exclude_modules=unused), adapter_name=ENCODER)
-            self.peft.add_adapter(DECODER, LoraConfig(**settings))
+            self.adapters = Adapters(lm, self.config.lora)
+            self.peft = self.adapters.peft  # a submodule: moves, trains and saves with the model
             self.scorer = Scorer(hidden, self.config.scorer_hidden or hidden)
             std = float(lm.get_input_embeddings().weight.float().std())
             self.soft_prompt = nn.Parameter(torch.randn(self.config.soft_prompt_tokens, hidden) * std)
         param = next(lm.parameters())
         self.scorer.to(param.device, param.dtype)
         self.soft_prompt.data = self.soft_prompt.data.to(param.device, param.dtype)
-        self._tuner_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
-        self._adapter_slots = {
-            adapter: [(name, self.peft.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
-                      for name, _ in self.peft.named_parameters() if f".{adapter}." in name and "lora_" in name]
-            for adapter in (ENCODER, DECODER)
-        }
-        # Passes without autograd run these adapters as merged weights: one fused matrix product per adapted layer
-        # instead of three (generation is then as fast per token as the base model), for the memory of one copy
-        # of the adapted layers per adapter. Set to () to save that memory; add ENCODER to merge compression too.
-        self.merged_adapters: tuple[str, ...] = (DECODER,)
-        self._merged_cache: dict[str, tuple[tuple, list[nn.Parameter | None]]] = {}
-        self._original_weights: list[nn.Parameter] | None = None  # the base weights while merged ones stand in
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
         self._weights_digest: tuple[tuple | None, str] = (None, "")  # (what it hashed, its sha256)
@@ -140,6 +120,16 @@ class NuggetModel(nn.Module):
         return self.peft.get_base_model()
 
     @property
+    def merged_adapters(self) -> tuple[str, ...]:
+        """Adapters that passes without autograd run as merged weights (default: the decoder); () saves the memory
+        of the merged copy (106 MB for the default model in float32)."""
+        return self.adapters.merged
+
+    @merged_adapters.setter
+    def merged_adapters(self, adapters: tuple[str, ...]) -> None:
+        self.adapters.merged = tuple(adapters)
+
+    @property
     def device(self) -> torch.device:
         return self.soft_prompt.device
 
@@ -152,12 +142,10 @@ class NuggetModel(nn.Module):
         return int(self.llama.config.max_position_embeddings)
 
     def adapter_parameters(self, adapter: str) -> Iterator[nn.Parameter]:
-        return (p for _, p in self.named_adapter_parameters(adapter))
+        return self.adapters.parameters(adapter)
 
     def named_adapter_parameters(self, adapter: str) -> list[tuple[str, nn.Parameter]]:
-        """One adapter's LoRA weights by name, in the model's order (read from their modules at every call, so a
-        replaced tensor is seen; without walking the whole module tree, which costs milliseconds per call)."""
-        return [(name, getattr(module, leaf)) for name, module, leaf in self._adapter_slots[adapter]]
+        return self.adapters.named_parameters(adapter)
 
     def set_trainable(self, encoder: bool = True, decoder: bool = True, scorer: bool = True, soft_prompt: bool = True):
         """Choose which nugget parts train; the base model stays frozen."""
@@ -170,88 +158,15 @@ class NuggetModel(nn.Module):
         self.scorer.requires_grad_(scorer)
         self.soft_prompt.requires_grad_(soft_prompt)
 
-    @contextmanager
     def use_adapter(self, adapter: str | None):
-        """Run with one adapter active, or none (adapter=None: the frozen base model).
-
-        PEFT's set_adapter/enable_adapters also rewrite requires_grad (the inactive adapter stops training), which
-        is wrong when both adapters train in one step; so only the two switches of each LoRA layer are flipped.
-        Entered without autograd, an adapter in `merged_adapters` runs as merged weights (see there).
-        """
-        merge = adapter in self.merged_adapters and not torch.is_grad_enabled()
-        if merge:  # adapters off, each adapted layer's weight swapped for its merged copy W + scale * B @ A
-            switches = [(layer._active_adapter, True) for layer in self._tuner_layers]
-        else:
-            switches = [([adapter] if adapter else layer._active_adapter, adapter is None) for layer in self._tuner_layers]
-        with self._switched(switches), self._weights(self._merged_weights(adapter) if merge else None):
-            yield
-
-    @contextmanager
-    def _weights(self, merged: list[nn.Parameter | None] | None):
-        """Put the merged weights in place (None where a layer has none), or with merged=None the original ones,
-        also inside another adapter's merged pass; restore what was there afterwards."""
-        bases = [layer.get_base_layer() for layer in self._tuner_layers]
-        outer = self._original_weights
-        if merged is None and outer is None:  # nothing swapped, nothing to swap: the common case costs nothing
-            yield
-            return
-        saved = [base._parameters["weight"] for base in bases]
-        originals = outer or saved
-        chosen = [m if m is not None else o for m, o in zip(merged, originals)] if merged else originals
-        self._original_weights = originals if merged else None
-        try:
-            for base, weight in zip(bases, chosen):
-                base._parameters["weight"] = weight
-            yield
-        finally:
-            for base, weight in zip(bases, saved):
-                base._parameters["weight"] = weight
-            self._original_weights = outer
-
-    def _merged_weights(self, adapter: str) -> list[nn.Parameter | None]:
-        """The merged weight of each LoRA layer (None where the adapter is absent), rebuilt when a weight changed."""
-        bases = self._original_weights or [layer.get_base_layer().weight for layer in self._tuner_layers]
-        stamp = (self._weights_stamp(adapter), _weights_version(bases))
-        cached = self._merged_cache.get(adapter)
-        if cached is None or cached[0] != stamp:
-            self._merged_cache.pop(adapter, None)  # free the stale copy before building the new one
-            with torch.no_grad():
-                weights = [
-                    nn.Parameter((w.float() + layer.get_delta_weight(adapter).float()).to(w.dtype), requires_grad=False)
-                    if adapter in layer.lora_A else None
-                    for layer, w in zip(self._tuner_layers, bases)
-                ]
-            cached = self._merged_cache[adapter] = (stamp, weights)
-        return cached[1]
-
-    @contextmanager
-    def _switched(self, switches: list[tuple[list[str], bool]]):
-        """Set each LoRA layer's (active adapter, disabled) switches; restore them afterwards."""
-        saved = [(layer._active_adapter, layer._disable_adapters) for layer in self._tuner_layers]
-        # Plain attributes set through __dict__: nn.Module.__setattr__ costs microseconds per call, per layer.
-        for layer, (active, disabled) in zip(self._tuner_layers, switches):
-            vars(layer).update(_active_adapter=active, _disable_adapters=disabled)
-        try:
-            yield
-        finally:
-            for layer, (active, disabled) in zip(self._tuner_layers, saved):
-                vars(layer).update(_active_adapter=active, _disable_adapters=disabled)
+        """Context: run with one adapter active, or none (adapter=None: the frozen base model); both keep training
+        (PEFT's own switch would freeze the inactive one). Entered without autograd, an adapter in
+        `merged_adapters` runs as merged weights."""
+        return self.adapters.use(adapter)
 
     def enable_gradient_checkpointing(self) -> None:
         """Checkpoint every decoder layer; the replay runs under the adapter that was active in the forward pass."""
-        self.llama.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        for module in self.llama.modules():
-            if getattr(module, "gradient_checkpointing", False):
-                module._gradient_checkpointing_func = self._checkpoint_with_adapter
-
-    def _checkpoint_with_adapter(self, function, *args):
-        switches = [(layer._active_adapter, layer._disable_adapters) for layer in self._tuner_layers]
-
-        def replay(*inputs):
-            with self._switched(switches):
-                return function(*inputs)
-
-        return checkpoint(replay, *args, use_reentrant=False)
+        self.adapters.enable_gradient_checkpointing(self.llama)
 
     # ------------------------------------------------------------------ identity
     def fingerprint(self, ratio: float | None = None, adapter: str | None = ENCODER,
@@ -264,7 +179,7 @@ class NuggetModel(nn.Module):
         named += [(f"scorer.{n}", p) for n, p in self.scorer.named_parameters()]
         # Hashing every weight costs a device-to-host copy; redo it only when a weight changed in place
         # (an optimiser step, a load) or was replaced, which version counters, ids and storage pointers tell.
-        stamp = (adapter, _weights_version(p for _, p in named))
+        stamp = (adapter, weights_version(p for _, p in named))
         cached = self._weights_digest  # one read: another thread may replace it meanwhile
         if cached[0] != stamp:
             h = hashlib.sha256()
@@ -427,8 +342,7 @@ class NuggetModel(nn.Module):
 
     def _weights_stamp(self, adapter: str | None) -> tuple:
         """Changes whenever an adapter weight is changed in place or replaced (as in `fingerprint`)."""
-        params = self.adapter_parameters(adapter) if adapter else ()
-        return (adapter, str(self.dtype), str(self.device), _weights_version(params))
+        return (adapter, str(self.dtype), str(self.device), self.adapters.version(adapter))
 
     def _run_prefixes(self, unique: list[tuple[int, ...]], adapter: str | None) -> dict[tuple[int, ...], NuggetState]:
         input_ids, _ = self._pad(unique)
@@ -567,7 +481,7 @@ class NuggetModel(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {}
         for adapter in (ENCODER, DECODER):
-            for name, t in get_peft_model_state_dict(self.peft, adapter_name=adapter).items():
+            for name, t in self.adapters.state_dict(adapter).items():
                 tensors[f"{adapter}/{name}"] = t.detach().to("cpu", dtype).contiguous()
         for name, t in self.scorer.state_dict().items():
             tensors[f"scorer/{name}"] = t.detach().to("cpu", dtype).contiguous()
@@ -592,9 +506,10 @@ class NuggetModel(nn.Module):
         for adapter in (ENCODER, DECODER):
             prefix = f"{adapter}/"
             part = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-            result = set_peft_model_state_dict(self.peft, part, adapter_name=adapter)
-            if getattr(result, "unexpected_keys", None):
-                raise ValueError(f"{directory}: unexpected {adapter} weights {result.unexpected_keys[:3]}")
+            try:
+                self.adapters.load_state_dict(adapter, part)
+            except ValueError as err:
+                raise ValueError(f"{directory}: {err}") from None
         self.scorer.load_state_dict({k[len("scorer/"):]: v for k, v in tensors.items() if k.startswith("scorer/")})
         with torch.no_grad():
             self.soft_prompt.copy_(tensors["soft_prompt"])
@@ -638,11 +553,6 @@ def default_checkpoint_for(base_model: str | Path | BaseLM | None) -> Path | Non
     else:  # a directory of that name may hold other weights: load_parts compares the base digest
         name = base_model.name if isinstance(base_model, BaseLM) else Path(base_model).name
     return SHIPPED_CHECKPOINT if name == DEFAULT_MODEL_NAME and SHIPPED_CHECKPOINT.is_dir() else None
-
-
-def _weights_version(params) -> tuple:
-    """Changes when any of these tensors is changed in place (version counter) or replaced (id, storage)."""
-    return tuple((id(p), p.data_ptr(), p._version) for p in params)
 
 
 def checkpoint_config(directory: str | Path) -> NuggetConfig:

@@ -459,7 +459,7 @@ def test_decoder_runs_as_merged_weights_without_autograd(make_model, doc_ids):
     model = make_model(ratio=3)
     states = model.compress([doc_ids("alpha beta gamma delta epsilon")])
     ids = torch.tensor([doc_ids("which letter?")])
-    weights = [layer.get_base_layer().weight for layer in model._tuner_layers]
+    weights = [layer.get_base_layer().weight for layer in model.adapters.layers]
 
     def logits(merged: bool) -> torch.Tensor:
         model.merged_adapters = (DECODER,) if merged else ()
@@ -469,7 +469,7 @@ def test_decoder_runs_as_merged_weights_without_autograd(make_model, doc_ids):
     first = logits(merged=True)
     assert torch.allclose(first, logits(merged=False), atol=1e-5)
     assert not torch.allclose(first, model.decode([states], ids, adapter=None).logits.detach(), atol=1e-3)
-    assert [layer.get_base_layer().weight for layer in model._tuner_layers] == weights  # the base weights are back
+    assert [layer.get_base_layer().weight for layer in model.adapters.layers] == weights  # the base weights are back
     with torch.no_grad():
         next(model.adapter_parameters(DECODER)).add_(0.5)  # an optimiser step or a load: the merged copy is rebuilt
     changed = logits(merged=True)
@@ -480,8 +480,8 @@ def test_decoder_runs_as_merged_weights_without_autograd(make_model, doc_ids):
             base = model.llama(ids).logits
         with model.use_adapter(DECODER), model.use_adapter(None):  # nested in a merged pass: the original weights
             nested = model.llama(ids).logits
-    assert torch.equal(nested, base) and model._original_weights is None
-    assert [layer.get_base_layer().weight for layer in model._tuner_layers] == weights
+    assert torch.equal(nested, base) and model.adapters.original_weights is None
+    assert [layer.get_base_layer().weight for layer in model.adapters.layers] == weights
     model.merged_adapters = (DECODER, ENCODER)  # the encoder merges too when asked (its last layer's q/o have none)
     doc = [doc_ids("alpha beta gamma delta epsilon")]
     with torch.no_grad():
