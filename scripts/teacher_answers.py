@@ -7,7 +7,7 @@ Each answer is Full's (the eval harness's reference): the passage as text in the
 tokens, adapters off. Only answers that contain a gold answer (App. E normalisation) are kept; one cut off by the
 token limit is kept only as its longest run of whole sentences that still contains a gold answer. The output is a
 QA JSONL file (`id`, `context`, `question`, `answers`: the teacher's answer, the training target, then the gold
-answers, which the trainer's dev accuracy scores against) that trains as `--data qa:<file>` (TRAINING.md, "Stage 2
+answers, which the trainer's dev accuracy scores against) that trains as `--data qa:<file>` (docs/experiments/2026-11-23-training-diary.md, "Stage 2
 on distilled answers"). The trainer holds out every 20th line as dev; questions on one passage can fall on both
 sides, so that dev loss only monitors training (score on SQuAD's dev articles). Questions not kept go to
 `<out>.rejected.jsonl` with the reason. Re-running with the same settings asks only the questions not yet asked.
