@@ -27,12 +27,12 @@ class GenerationSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_new_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy decoding.")
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="0 = greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, description="Generation ends before the first of these strings.")
     seed: int | None = Field(None, description="Seed for sampling.")
     repetition_penalty: float = Field(
-        1.0, ge=1.0, description="Above 1, makes tokens already generated less likely (CTRL's penalty: their positive "
+        1.0, ge=1.0, allow_inf_nan=False, description="Above 1, makes tokens already generated less likely (CTRL's penalty: their positive "
         "logits divided by it, negative ones multiplied); 1 = off."
     )
     no_repeat_ngram_size: int = Field(

@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from .compressor import NuggetCompressor, as_documents
 from .generation import GenerationSettings, stream_generate
-from .prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction
+from .prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction, takes_question
 
 DOCUMENTS_KEY = "documents"
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "chat": "user"}
@@ -45,11 +45,11 @@ class NuggetLLM(BaseChatModel):
     prompt_template: str = Field(QA_PROMPT, description="Instruction with a {question} placeholder.")
     system_prompt: str | None = None
     max_new_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] | None = None
     seed: int | None = None
-    repetition_penalty: float = Field(1.0, ge=1.0, description="Above 1 discourages repeating generated tokens.")
+    repetition_penalty: float = Field(1.0, ge=1.0, allow_inf_nan=False, description="Above 1 discourages repeating generated tokens.")
     no_repeat_ngram_size: int = Field(0, ge=0, description="Never repeat a generated n-gram of this size (0: off).")
 
     @field_validator("prompt_template")
@@ -110,9 +110,12 @@ class NuggetLLM(BaseChatModel):
         chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
         if self.system_prompt and not any(m["role"] == "system" for m in chat):
             chat.insert(0, {"role": "system", "content": self.system_prompt})
+        last = max((i for i, m in enumerate(chat) if m["role"] == "user"), default=None)
+        asks = not with_documents or takes_question(self.prompt_template)
+        if last is not None and asks and not chat[last]["content"].strip():
+            raise ValueError(f"the question is empty ({chat[last]['content']!r}); ask something, or, to summarise the "
+                             "documents, use a prompt_template without {question} such as SUMMARY_PROMPT")
         if with_documents:
-            last = max(i for i, m in enumerate(chat) if m["role"] == "user") if any(
-                m["role"] == "user" for m in chat) else None
             if last is None:
                 raise ValueError("with documents, the input needs a human message holding the question")
             chat[last] = {"role": "user", "content": render_instruction(self.prompt_template, chat[last]["content"])}

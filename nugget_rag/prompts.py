@@ -22,6 +22,11 @@ def check_template(template: str) -> str:
     return template
 
 
+def takes_question(template: str) -> bool:
+    """Whether `template` has the `{question}` placeholder (a fixed instruction, such as SUMMARY_PROMPT, has none)."""
+    return _question_field(template)
+
+
 def _question_field(template: str) -> bool:
     """Whether `template` has the `{question}` placeholder; a ValueError for any other placeholder."""
     fields = {name for _, name, _, _ in Formatter().parse(template) if name is not None}

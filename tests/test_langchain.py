@@ -13,6 +13,8 @@ from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
 from nugget_rag.compressor import METADATA_KEY
+from nugget_rag.generation import GenerationSettings
+from nugget_rag.prompts import SUMMARY_PROMPT
 
 TEXTS = ["Paris is the capital of France.", "Berlin is the capital of Germany, on the Spree."]
 
@@ -281,3 +283,22 @@ def test_summary_example_rejects_a_whitespace_file(compressor, tmp_path, monkeyp
     assert example["main"]() == 2
     captured = capsys.readouterr()
     assert "is empty or whitespace" in captured.err and "Summary" not in captured.out
+
+
+def test_an_empty_question_is_refused_unless_the_template_takes_none(compressor):
+    llm = NuggetLLM(compressor=compressor, max_new_tokens=3)
+    for call in (lambda: llm.invoke(""), lambda: llm.invoke({"documents": TEXTS, "question": "  "}),
+                 lambda: llm.invoke(" ", documents=TEXTS)):
+        with pytest.raises(ValueError, match="the question is empty.*SUMMARY_PROMPT"):
+            call()
+    summary = NuggetLLM(compressor=compressor, max_new_tokens=3, prompt_template=SUMMARY_PROMPT)
+    assert summary.invoke({"documents": TEXTS, "question": ""}).response_metadata["n_documents"] == 2
+
+
+@pytest.mark.parametrize("setting", ["temperature", "repetition_penalty"])
+def test_non_finite_generation_settings_are_refused(compressor, setting):
+    for value in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="finite"):
+            NuggetLLM(compressor=compressor, **{setting: value})
+        with pytest.raises(ValueError, match="finite"):
+            GenerationSettings(**{setting: value})
