@@ -10,10 +10,11 @@ from .llm import NuggetLLM
 from .model import NuggetModel
 from .prompts import QA_PROMPT, SUMMARY_PROMPT
 from .state import CorruptStateError, NuggetState
-from .store import DirectoryByteStore, NuggetStore
+from .store import DirectoryByteStore, NuggetStore, StoreUnavailableError
 
 __all__ = [
     "CorruptStateError", "DirectoryByteStore", "GenerationSettings", "LoraSettings", "NuggetCompressor",
     "NuggetConfig", "NuggetLLM", "NuggetModel", "NuggetState", "NuggetStore", "QA_PROMPT", "SUMMARY_PROMPT",
+    "StoreUnavailableError",
     "generate", "stream_generate",
 ]

@@ -6,12 +6,13 @@ import logging
 from collections.abc import Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
+from langchain_core.stores import BaseStore
 from pydantic import ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
@@ -44,6 +45,14 @@ def as_documents(value: Any) -> list[Document]:
     return docs
 
 
+class Compressed(NamedTuple):
+    """One document's nuggets: their store key, the state, and whether it came from the cache."""
+
+    key: str
+    state: NuggetState
+    cached: bool
+
+
 class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorInput, list[Document]]):
     """Compresses documents into nuggets (paper Sec. 2.3), caching each in a content-addressed store.
 
@@ -66,6 +75,16 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
     def _check_ratio(cls, value: object) -> float | None:
         return None if value is None else NuggetConfig(ratio=value).ratio
 
+    @field_validator("store", mode="before")
+    @classmethod
+    def _check_store(cls, value: object) -> NuggetStore:
+        if isinstance(value, BaseStore):  # a ByteStore (BaseStore[str, bytes]; generics allow no isinstance)
+            return NuggetStore(byte_store=value)
+        if not isinstance(value, NuggetStore):
+            raise TypeError(f"store is a {type(value).__name__}; give a NuggetStore or a LangChain ByteStore "
+                            "(e.g. RedisStore), or store_dir=PATH to from_pretrained")
+        return value
+
     @classmethod
     def from_pretrained(
         cls,
@@ -74,15 +93,20 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         store_dir: str | Path | None = None,
         device: str | None = None,
         dtype: str | None = None,
-        **kwargs: Any,
+        **fields: Any,
     ) -> NuggetCompressor:
-        """Load a nugget checkpoint with a store in `store_dir`.
+        """Load a nugget checkpoint; `fields` are the compressor's own (`store`, `ratio`, `batch_size`, ...).
 
-        Default: the checkpoint shipped for SmolLM2-135M-Instruct (MODEL_CARD.md); None: untrained adapters.
+        Default checkpoint: the one shipped for SmolLM2-135M-Instruct (MODEL_CARD.md); None: untrained adapters.
+        The store is `store` (a NuggetStore, or a ByteStore such as RedisStore that it wraps), else a directory
+        store in `store_dir`, else memory.
         """
+        if store_dir is not None and fields.get("store") is not None:
+            raise ValueError(f"got both store={fields['store']!r} and store_dir={str(store_dir)!r}; pass one")
+        if store_dir is not None:
+            fields["store"] = NuggetStore(directory=store_dir)
         model = NuggetModel.from_pretrained(checkpoint, base_model=base_model, device=device, dtype=dtype)
-        store = NuggetStore(directory=store_dir) if store_dir else NuggetStore()
-        return cls(model=model, store=store, **kwargs)
+        return cls(model=model, **fields)
 
     @property
     def effective_ratio(self) -> float:
@@ -96,11 +120,13 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
     # ------------------------------------------------------------------ core
     def states(self, documents: Sequence[Document | str]) -> list[NuggetState]:
         """The NuggetState of each document: from the store when cached, else computed and stored."""
-        return [state for _, state in self._compress(as_documents(documents))]
+        return [found.state for found in self.lookup(documents)]
 
-    def _compress(self, documents: Sequence[Document]) -> list[tuple[str, NuggetState]]:
+    def lookup(self, documents: Sequence[Document | str]) -> list[Compressed]:
+        """Each document's key, state and whether the state was cached (else it is computed and stored now)."""
+        docs = as_documents(documents)
         fingerprint = self.fingerprint
-        texts = [d.page_content for d in documents]
+        texts = [d.page_content for d in docs]
         found: dict[str, NuggetState] = {}
         missing = []
         batch_fingerprint, ready = _BATCH_STATES.get()
@@ -123,7 +149,8 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
             for text, state in zip(chunk, states):
                 self.store.put(text, state)
                 found[text] = state
-        return [(self.store.key(text, fingerprint), found[text]) for text in texts]
+        computed = set(missing)
+        return [Compressed(self.store.key(t, fingerprint), found[t], t not in computed) for t in texts]
 
     def compress(self, documents: Sequence[Document]) -> list[Document]:
         """New Documents whose metadata names their stored nuggets; the inputs are left untouched."""
@@ -133,9 +160,8 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
                 kept.append(doc)
             else:
                 log.warning("document %d (id=%r) is empty or whitespace; it has no nuggets and is dropped", i, doc.id)
-        results = self._compress(kept)
         out = []
-        for doc, (key, state) in zip(kept, results):
+        for doc, (key, state, _) in zip(kept, self.lookup(kept)):
             meta = {k: v for k, v in doc.metadata.items() if k != METADATA_KEY}
             meta[METADATA_KEY] = {"key": key, "n_tokens": state.n, "n_nuggets": state.k, "ratio": self.effective_ratio}
             out.append(Document(page_content=doc.page_content, metadata=meta, id=doc.id))

@@ -9,6 +9,7 @@ from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
+from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from pydantic import ConfigDict, Field, field_validator
@@ -36,7 +37,13 @@ class NuggetLLM(BaseChatModel):
     each document, in order, where Full's prompt has the documents' text: at the start of that message
     (`NuggetConfig.placement`; checkpoints trained before the setting existed read them ahead of the whole prompt).
     Documents already compressed by a NuggetCompressor are read from its store; others are compressed on the fly.
-    The answer's ``response_metadata["sources"]`` lists each document's metadata (without nugget details).
+
+    Output: the answer's ``response_metadata`` holds ``sources`` (per document read: its ``index`` among the
+    documents given, its ``id`` if any, and its metadata without nugget details), ``n_document_tokens`` (the
+    documents' length as text), ``n_nuggets`` and the ``compression_ratio`` achieved. ``usage_metadata`` counts
+    what the decoder read (prompt tokens plus nuggets; ``input_token_details``: nuggets read from the store as
+    ``cache_read``, nuggets compressed for this call as ``cache_creation``) and the tokens it generated; a stream
+    carries it on its last chunk.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -92,14 +99,15 @@ class NuggetLLM(BaseChatModel):
             return ChatPromptValue(messages=[message])
         return super()._convert_input(model_input)
 
-    def _documents(self, messages: Sequence[BaseMessage], extra: Any) -> list[Document]:
+    def _documents(self, messages: Sequence[BaseMessage], extra: Any) -> list[tuple[int, Document]]:
+        """The non-empty documents given, each with its index among all the documents given."""
         docs = as_documents(extra) if extra is not None else []
         for message in messages:
             carried = message.additional_kwargs.get(DOCUMENTS_KEY, [])
             if isinstance(carried, Sequence) and not isinstance(carried, str):  # dicts: from _convert_input
                 carried = [Document.model_validate(d) if isinstance(d, Mapping) else d for d in carried]
             docs += as_documents(carried)
-        kept = [d for d in docs if d.page_content.strip()]
+        kept = [(i, d) for i, d in enumerate(docs) if d.page_content.strip()]
         if docs and not kept:
             raise ValueError(f"all {len(docs)} documents given are empty or whitespace; pass non-empty text, or call "
                              "without documents for a plain chat")
@@ -134,8 +142,10 @@ class NuggetLLM(BaseChatModel):
         model_name = kwargs.get("model", self.compressor.model.base_name)
         if model_name != self.compressor.model.base_name:
             raise ValueError(f"this NuggetLLM serves {self.compressor.model.base_name!r}, not model={model_name!r}")
-        docs = self._documents(messages, documents)
-        states = self.compressor.states(docs)
+        given = self._documents(messages, documents)
+        docs = [d for _, d in given]
+        found = self.compressor.lookup(docs)
+        states = [f.state for f in found]
         prefix, prompt = self._prompt_ids(messages, with_documents=bool(docs))
         settings = GenerationSettings(
             max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
@@ -146,19 +156,33 @@ class NuggetLLM(BaseChatModel):
             repetition_penalty=kwargs.get("repetition_penalty", self.repetition_penalty),
             no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", self.no_repeat_ngram_size),
         )
+        generated = 0  # one token per step of the stream
         for pieces in stream_generate(self.compressor.model, [states], [prompt], settings, prefixes=[prefix]):
+            generated += 1
             if pieces[0]:
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=pieces[0]))
                 if run_manager:
                     run_manager.on_llm_new_token(pieces[0], chunk=chunk)
                 yield chunk
-        sources = [{k: v for k, v in d.metadata.items() if k != "nuggets"} for d in docs]
         n_nuggets = sum(s.k for s in states)
+        n_document_tokens = sum(s.n for s in states)
+        cache_read = sum(f.state.k for f in found if f.cached)
+        read = len(prefix) + len(prompt) + n_nuggets
+        usage = UsageMetadata(
+            input_tokens=read, output_tokens=generated, total_tokens=read + generated,
+            input_token_details={"cache_read": cache_read, "cache_creation": n_nuggets - cache_read},
+        )
+        sources = [{"index": i, **({"id": d.id} if d.id is not None else {}),
+                    **{k: v for k, v in d.metadata.items() if k != "nuggets"}} for i, d in given]
         yield ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
-                response_metadata={"sources": sources, "n_documents": len(docs), "n_nuggets": n_nuggets,
-                                   "model_name": self.compressor.model.base_name},
+                response_metadata={
+                    "sources": sources, "n_documents": len(docs), "n_document_tokens": n_document_tokens,
+                    "n_nuggets": n_nuggets, "compression_ratio": n_document_tokens / n_nuggets if n_nuggets else None,
+                    "model_name": self.compressor.model.base_name,
+                },
+                usage_metadata=usage,
                 chunk_position="last",
             )
         )
@@ -173,5 +197,6 @@ class NuggetLLM(BaseChatModel):
         final: ChatGenerationChunk | None = None
         for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
             final = chunk if final is None else final + chunk
-        message = AIMessage(content=final.message.content, response_metadata=final.message.response_metadata)
+        message = AIMessage(content=final.message.content, response_metadata=final.message.response_metadata,
+                            usage_metadata=final.message.usage_metadata)
         return ChatResult(generations=[ChatGeneration(message=message)])

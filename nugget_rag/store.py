@@ -67,6 +67,10 @@ class DirectoryByteStore(ByteStore):
         return self.directory / key[:2] / key
 
 
+class StoreUnavailableError(OSError):
+    """The byte store behind a NuggetStore failed to read or write (a server down, a disk full)."""
+
+
 class NuggetStore:
     """NuggetStates keyed by sha256(fingerprint, text): a byte-bounded memory LRU, then a ByteStore.
 
@@ -87,6 +91,22 @@ class NuggetStore:
         self._memory_bytes = 0
         self._lock = threading.Lock()
 
+    @classmethod
+    def from_redis(cls, url: str, namespace: str = "nugget-rag", ttl: int | None = None,
+                   max_memory_bytes: int = 512 * 2**20) -> NuggetStore:
+        """A store shared through the Redis server at `url` (keys under `namespace/`); needs `pip install redis`.
+
+        The server is checked now: if it cannot be reached, a StoreUnavailableError names the URL.
+        """
+        from langchain_community.storage import RedisStore
+
+        byte_store = RedisStore(redis_url=url, namespace=namespace, ttl=ttl)
+        try:
+            byte_store.client.ping()
+        except Exception as err:
+            raise StoreUnavailableError(f"cannot reach Redis at {url}: {err}; start the server or fix the URL") from err
+        return cls(byte_store=byte_store, max_memory_bytes=max_memory_bytes)
+
     @staticmethod
     def key(text: str, fingerprint: str) -> str:
         """The content address of `text` compressed by whatever `fingerprint` names."""
@@ -106,7 +126,11 @@ class NuggetStore:
         state = _cpu_copy(state)
         self._remember(key, state)
         if self.byte_store is not None:
-            self.byte_store.mset([(key, state.to_bytes())])
+            try:
+                self.byte_store.mset([(key, state.to_bytes())])
+            except Exception as err:
+                raise StoreUnavailableError(f"could not write nugget state {key} to {self._describe()}: {err}; "
+                                            "states written before are intact, and a re-run recomputes the rest") from err
             self._count("writes")
         return key
 
@@ -117,7 +141,10 @@ class NuggetStore:
                 self._memory.move_to_end(key)
                 self.stats["memory_hits"] += 1
                 return state
-        data = self.byte_store.mget([key])[0] if self.byte_store is not None else None
+        try:
+            data = self.byte_store.mget([key])[0] if self.byte_store is not None else None
+        except Exception as err:
+            raise StoreUnavailableError(f"could not read nugget state {key} from {self._describe()}: {err}") from err
         if data is None:
             self._count("misses")
             return None
@@ -130,6 +157,10 @@ class NuggetStore:
         self._count("store_hits")
         self._remember(key, state)
         return state
+
+    def _describe(self) -> str:
+        where = getattr(self.byte_store, "directory", None) or getattr(self.byte_store, "client", None)
+        return f"{type(self.byte_store).__name__}({where})" if where is not None else type(self.byte_store).__name__
 
     def _corrupt(self, key: str, reason: str) -> None:
         logger.warning("nugget store entry %s is corrupt and was ignored: %s", key, reason)

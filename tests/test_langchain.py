@@ -102,8 +102,9 @@ def test_llm_reads_compressed_documents_in_a_chain(compressor):
     chain = {"documents": retriever | compressor, "question": RunnablePassthrough()} | llm
     handler = Tokens()
     message = chain.invoke("Which capital?", {"callbacks": [handler]})
-    assert message.response_metadata["sources"] == [{"source": 0}, {"source": 1}]
+    assert message.response_metadata["sources"] == [{"index": 0, "source": 0}, {"index": 1, "source": 1}]
     assert message.response_metadata["n_nuggets"] == sum(-(-len(t) // 4) for t in TEXTS)
+    assert message.response_metadata["n_document_tokens"] == sum(len(t) for t in TEXTS)
     assert "".join(handler.tokens) == message.content
     streamed = "".join(chunk for chunk in (chain | StrOutputParser()).stream("Which capital?"))
     assert streamed == message.content
@@ -302,3 +303,47 @@ def test_non_finite_generation_settings_are_refused(compressor, setting):
             NuggetLLM(compressor=compressor, **{setting: value})
         with pytest.raises(ValueError, match="finite"):
             GenerationSettings(**{setting: value})
+
+
+def test_usage_metadata_counts_prompt_and_nuggets_and_cache_reads():
+    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    llm = NuggetLLM(compressor=NuggetCompressor(model=model), max_new_tokens=5)
+    request = {"documents": TEXTS, "question": "Which capital?"}
+    k = sum(-(-len(t) // 4) for t in TEXTS)
+    first = llm.invoke(request).usage_metadata
+    prefix, prompt = llm._prompt_ids([llm._convert_input(request).to_messages()[0]], with_documents=True)
+    assert first["input_tokens"] == len(prefix) + len(prompt) + k
+    assert 1 <= first["output_tokens"] <= 5
+    assert first["total_tokens"] == first["input_tokens"] + first["output_tokens"]
+    assert first["input_token_details"] == {"cache_read": 0, "cache_creation": k}
+    again = llm.invoke(request).usage_metadata
+    assert again["input_token_details"] == {"cache_read": k, "cache_creation": 0}
+    chunks = list(llm.stream(request))
+    assert sum(1 for c in chunks if c.usage_metadata) == 1  # input tokens are counted once
+    streamed = chunks[0]
+    for chunk in chunks[1:]:
+        streamed += chunk
+    assert streamed.usage_metadata == again
+    meta = streamed.response_metadata
+    assert meta["compression_ratio"] == pytest.approx(meta["n_document_tokens"] / meta["n_nuggets"])
+
+
+def test_sources_name_each_document_by_its_index_among_those_given(compressor):
+    llm = NuggetLLM(compressor=compressor, max_new_tokens=2)
+    docs = ["  ", Document(page_content=TEXTS[0], id="fr"), TEXTS[1]]
+    sources = llm.invoke({"documents": docs, "question": "Which capital?"}).response_metadata["sources"]
+    assert sources == [{"index": 1, "id": "fr"}, {"index": 2}]
+
+
+def test_from_pretrained_takes_every_compressor_field_and_a_byte_store(tmp_path):
+    from langchain_core.stores import InMemoryByteStore
+
+    shared = InMemoryByteStore()
+    compressor = NuggetCompressor.from_pretrained(None, base_model=tiny_base(), store=shared, ratio=2, batch_size=3)
+    assert compressor.store.byte_store is shared and compressor.ratio == 2 and compressor.batch_size == 3
+    store = NuggetStore()
+    assert NuggetCompressor.from_pretrained(None, base_model=tiny_base(), store=store).store is store
+    with pytest.raises(TypeError, match="store is a dict"):
+        NuggetCompressor.from_pretrained(None, base_model=tiny_base(), store={})
+    with pytest.raises(ValueError, match="pass one"):
+        NuggetCompressor.from_pretrained(None, base_model=tiny_base(), store=store, store_dir=tmp_path)

@@ -1,0 +1,132 @@
+"""A NuggetStore shared through a real Redis server (Debian's redis-server, started per test on a free port)."""
+
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install redis)")
+if shutil.which("redis-server") is None:
+    pytest.skip("redis-server is not installed (apt-get install redis-server)", allow_module_level=True)
+
+from tiny import tiny_base  # noqa: E402
+
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, StoreUnavailableError  # noqa: E402
+
+TEXTS = [f"Document {i}: the river passes the mill {i} times a day." for i in range(6)]
+WRITER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from tiny import tiny_base
+    from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
+    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={{"rank": 4}}))
+    store = NuggetStore.from_redis({url!r})
+    NuggetCompressor(model=model, store=store).invoke({texts!r})
+    print(store.stats["writes"])
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    def __init__(self, directory: Path):
+        self.directory, self.port = directory, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
+             "--save", "", "--appendonly", "yes", "--appendfsync", "always"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def tiny_compressor(store: NuggetStore) -> NuggetCompressor:
+    return NuggetCompressor(model=NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4})),
+                            store=store)
+
+
+def no_compute(*args, **kwargs):
+    raise AssertionError("recomputed a state that the shared store holds")
+
+
+def test_states_compressed_in_one_process_are_read_in_another_without_recompute(server, monkeypatch):
+    script = WRITER.format(tests=str(Path(__file__).parent), url=server.url, texts=TEXTS)
+    writer = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert writer.returncode == 0, writer.stderr
+    assert writer.stdout.split()[-1] == str(len(TEXTS))
+    compressor = tiny_compressor(NuggetStore.from_redis(server.url))
+    monkeypatch.setattr(compressor.model, "compress", no_compute)
+    docs = compressor.invoke(TEXTS)
+    assert [d.metadata["nuggets"]["n_tokens"] for d in docs] == [len(t) for t in TEXTS]
+    assert compressor.store.stats["store_hits"] == len(TEXTS) and compressor.store.stats["misses"] == 0
+
+
+def test_from_pretrained_takes_a_redis_backed_store(server):
+    from langchain_community.storage import RedisStore
+
+    compressor = NuggetCompressor.from_pretrained(
+        None, base_model=tiny_base(), store=RedisStore(redis_url=server.url, namespace="shared"))
+    compressor.invoke(TEXTS[:2])
+    assert len(list(compressor.store.byte_store.yield_keys())) == 2
+
+
+def test_redis_down_at_start_names_the_url():
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with pytest.raises(StoreUnavailableError, match=url):
+        NuggetStore.from_redis(url)
+
+
+def test_redis_stopped_mid_ingest_gives_a_clear_error_and_a_rerun_recomputes_only_the_rest(server):
+    compressor = tiny_compressor(NuggetStore.from_redis(server.url))
+    compressor.invoke(TEXTS[:3])
+    server.stop()
+    with pytest.raises(StoreUnavailableError, match="could not (read|write) nugget state"):
+        compressor.invoke(TEXTS[3:])
+    server.start()  # the append-only file brings back what was written
+    rerun = tiny_compressor(NuggetStore.from_redis(server.url))
+    rerun.invoke(TEXTS)
+    assert rerun.store.stats == {"memory_hits": 0, "store_hits": 3, "misses": 3, "corrupt": 0, "writes": 3}
+
+
+def test_a_foreign_value_under_a_state_key_is_corrupt_recomputed_and_overwritten(server, caplog):
+    store = NuggetStore.from_redis(server.url)
+    compressor = tiny_compressor(store)
+    key = store.key(TEXTS[0], compressor.fingerprint)
+    store.byte_store.client.set(f"nugget-rag/{key}", b"another application's value")
+    with caplog.at_level("WARNING"):
+        compressor.invoke(TEXTS[:1])
+    assert store.stats["corrupt"] == 1 and "corrupt" in caplog.text
+    assert NuggetStore.from_redis(server.url).get_by_key(key) is not None
