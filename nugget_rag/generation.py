@@ -141,7 +141,7 @@ def stream_generate(
         with model.lock, model.use_adapter(adapter):
             hidden = inner(
                 inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(token_mask, embeds.shape[1]),
-                past_key_values=cache, use_cache=True,
+                cache=cache, use_cache=True,
             ).last_hidden_state
             logits = model.llama.lm_head(hidden[:, -1])
         if processors and generated.shape[1]:

@@ -4,6 +4,7 @@ import pytest
 import torch
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore
 from nugget_rag.base_model import DEFAULT_MODEL_NAME, load_base_model
@@ -109,3 +110,49 @@ def test_untrained_r1_nuggets_in_the_user_turn_are_fulls_prompt():
         with model.use_adapter(None):
             expected = model.llama(torch.tensor([full])).logits[:, -len(after):]
     assert (logits - expected).abs().max() < 1e-3
+
+
+class TestNuggetLLMIntegration(ChatModelIntegrationTests):
+    """LangChain's standard integration tests for chat models, on the default model (no tool calling, structured
+    output or multimodal input: the flags below skip those)."""
+
+    @pytest.fixture(autouse=True)
+    def _params(self, compressor):
+        self._compressor = compressor
+
+    @property
+    def chat_model_class(self):
+        return NuggetLLM
+
+    @property
+    def chat_model_params(self):
+        return {"compressor": self._compressor, "max_new_tokens": 24}
+
+    @property
+    def has_tool_calling(self):
+        return False
+
+    @property
+    def has_structured_output(self):
+        return False
+
+
+def test_cli_ask_prints_no_warnings_or_progress_bars(tmp_path):
+    """The installed `nugget-rag` command, as a user runs it: the answer and sources, no library noise."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    command = str(Path(sys.executable).parent / "nugget-rag")
+    (tmp_path / "eiffel.txt").write_text(DOCS[1].page_content)
+    index = str(tmp_path / "index")
+    ingest = subprocess.run([command, "ingest", str(tmp_path / "eiffel.txt"), "--index", index, "-q"],
+                            capture_output=True, text=True, timeout=600)
+    assert ingest.returncode == 0, ingest.stderr
+    ask = subprocess.run([command, "ask", "When was the Eiffel Tower completed?", "--index", index,
+                          "--max-new-tokens", "16"], capture_output=True, text=True, timeout=600)
+    assert ask.returncode == 0, ask.stderr
+    output = ask.stdout + ask.stderr + ingest.stdout + ingest.stderr
+    for noise in ("Warning", "warnings.warn", "Loading weights", "it/s]"):
+        assert noise not in output, output
+    assert "eiffel.txt" in ask.stdout  # the source is named

@@ -20,6 +20,7 @@ from nugget_rag.integrations import (
     IndexFileError,
     NuggetIndex,
     build_qa_chain,
+    chunk_id,
     load_documents,
     nugget_view,
     render_html,
@@ -298,3 +299,11 @@ def test_minilm_embeddings_load_offline(monkeypatch):
     dot = lambda u, v: sum(x * y for x, y in zip(u, v))  # noqa: E731
     assert dot(a, b) > dot(a, c)
     assert embeddings.model_name == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def test_chunks_of_documents_without_a_source_are_named_by_id_or_digest(compressor):
+    index = NuggetIndex(compressor, embeddings=HashEmbeddings(), chunk_tokens=64, chunk_overlap=0)
+    chunks = index.split([Document(page_content="A plain string of text."),
+                          Document(page_content="Another one.", id="doc-7")])
+    assert chunks[0].metadata["source"].startswith("sha256:") and chunks[1].metadata["source"] == "doc-7"
+    assert chunks[0].id == chunk_id("", chunks[0].page_content)  # ids of earlier indexes stay valid
