@@ -4,7 +4,7 @@
 
 is a shortcut for
 
-    nugget-rag eval --tasks speed --ratios 10 --speed-docs 1 4 16 --speed-repeats 5 --name ttft
+    nugget-rag eval --tasks speed --ratios 10 --speed-docs 1 4 16 --speed-repeats 5 --name ttft --out-dir benchmarks/results
 
 which also reports per-token decode latency, key/value bytes, compression throughput and store hit latency, and
 writes benchmarks/results/ttft.{json,md} and a TTFT-vs-documents plot. See nugget_rag/eval/speed.py.
@@ -18,4 +18,4 @@ from nugget_rag.eval.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["--tasks", "speed", "--ratios", "10", "--speed-docs", "1", "4", "16", "--speed-repeats", "5",
-                   "--name", "ttft", *sys.argv[1:]]))
+                   "--name", "ttft", "--out-dir", "benchmarks/results", *sys.argv[1:]]))

@@ -19,12 +19,14 @@ import hashlib
 import json
 import logging
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
+from filelock import FileLock, Timeout
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
@@ -52,6 +54,7 @@ INDEX_FORMAT = "nugget-rag/index-v1"
 MANIFEST_FILE = "index.json"
 LEGACY_FILES = {"faiss": {"name": "index.faiss"}, "docstore": {"name": "docstore.json"}}
 NUGGETS_DIR = "nuggets"
+LOCK_FILE = "index.lock"  # held by NuggetIndex.updating
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
@@ -127,6 +130,8 @@ class NuggetIndex:
 
     Chunks are cut by the compressor's tokenizer (`chunk_tokens`, `chunk_overlap`), embedded for retrieval
     (cosine ranking) and compressed into nuggets at once, so a later question only reads cached nuggets.
+    `batch_size` chunks are compressed, embedded and indexed per step; the progress bar (`show_progress`) moves
+    per step, with chunks/s, tokens/s and the time left.
     """
 
     def __init__(
@@ -136,7 +141,7 @@ class NuggetIndex:
         chunk_tokens: int = 384,
         chunk_overlap: int = 32,
         show_progress: bool = False,
-        batch_size: int = 32,
+        batch_size: int = 8,
         embedding_model: str | None = None,
     ):
         if chunk_tokens < 1 or not 0 <= chunk_overlap < chunk_tokens:
@@ -211,13 +216,16 @@ class NuggetIndex:
                 new[chunk.id] = chunk
         todo = list(new.values())
         bar = tqdm(total=len(todo), desc="ingesting", unit="chunk", disable=not self.show_progress or not todo)
+        tokens = 0
         try:
             for start in range(0, len(todo), self.batch_size):
                 batch = todo[start : start + self.batch_size]
                 compressed = self.compressor.invoke(batch)
                 vectors = self.embeddings.embed_documents([d.page_content for d in compressed])
                 self._add(compressed, vectors)
+                tokens += sum(d.metadata[METADATA_KEY]["n_tokens"] for d in compressed)
                 bar.update(len(batch))
+                bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.0f} tokens/s", refresh=False)
         finally:
             bar.close()
         self.last_ingest = {"documents": len(documents), "chunks": len(chunks), "added": len(todo),
@@ -387,6 +395,28 @@ class NuggetIndex:
         if not _is_store_at(compressor.store, store_dir):
             compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
         return cls(compressor, embeddings, **kwargs)
+
+
+    @classmethod
+    @contextmanager
+    def updating(cls, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings | None = None,
+                 **kwargs: Any) -> Iterator[NuggetIndex]:
+        """`open` the index in `directory`, yield it, then `save` it, holding the directory's lock throughout, so
+        that concurrent updates (two `nugget-rag ingest` runs) take turns and every one of them lands."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(directory / LOCK_FILE)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            log.warning("another process is updating the index in %s; waiting for it to finish", directory)
+            lock.acquire()
+        try:
+            index = cls.open(directory, compressor, embeddings, **kwargs)
+            yield index
+            index.save(directory)
+        finally:
+            lock.release()
 
 
 def _is_store_at(store: NuggetStore, directory: Path) -> bool:

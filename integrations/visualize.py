@@ -81,38 +81,53 @@ def render_terminal(view: NuggetView, color: bool = True) -> str:
     return "".join(out).rstrip("\n") + "\n\n" + view.summary()
 
 
+def score_levels(scores: list[float]) -> list[float]:
+    """Each score's rank among all of them, scaled to 0..1: one outlier (the first token's score is often far
+    below the rest) cannot squash the shading of every other token."""
+    order = sorted(range(len(scores)), key=scores.__getitem__)
+    levels = [0.0] * len(scores)
+    for rank, i in enumerate(order):
+        levels[i] = rank / max(len(scores) - 1, 1)
+    return levels
+
+
+def _shade(level: float, nugget: bool) -> str:
+    """Light backgrounds under dark text at every level: green for nuggets, blue for the rest."""
+    return f"hsl(130,55%,{82 - 30 * level:.0f}%)" if nugget else f"hsl(215,70%,{98 - 26 * level:.0f}%)"
+
+
 def render_html(view: NuggetView, title: str = "nugget-rag: nuggets") -> str:
-    """A self-contained page: every token a span darkened by its score; nuggets on a green background."""
-    low, high = (min(view.scores), max(view.scores)) if view.scores else (0.0, 1.0)
-    span = (high - low) or 1.0
+    """A self-contained page: every token shaded by its score's rank (darker = higher), nuggets in green and bold,
+    its score on hover, and a legend with the score at the 5th, 50th and 95th percentiles."""
+    levels = score_levels(view.scores)
     spans = []
-    for i, (piece, score) in enumerate(zip(view.pieces, view.scores)):
-        level = (score - low) / span
-        if i in view.nuggets:
-            style = f"background:hsl(120,65%,{78 - 40 * level:.0f}%)"
-            cls = "tok nugget"
-        else:
-            style = f"background:rgba(0,0,0,{0.04 + 0.5 * level:.3f})"
-            cls = "tok"
-        if level > 0.7:
-            style += ";color:#fff"
-        spans.append(f'<span class="{cls}" style="{style}" title="token {i}: score {score:.4f}">'
-                     f"{html.escape(piece)}</span>")
+    for i, (piece, score, level) in enumerate(zip(view.pieces, view.scores, levels)):
+        cls = "tok nugget" if i in view.nuggets else "tok"
+        spans.append(f'<span class="{cls}" style="background:{_shade(level, i in view.nuggets)}" '
+                     f'title="token {i}: score {score:.4f} (rank {level:.0%})">{html.escape(piece)}</span>')
+    ranked = sorted(view.scores)
+    marks = " &nbsp; ".join(f"{q}th percentile: {ranked[round(q / 100 * (len(ranked) - 1))]:.2f}"
+                            for q in (5, 50, 95)) if ranked else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 60em; }}
-.text {{ font-family: ui-monospace, monospace; white-space: pre-wrap; line-height: 1.7; }}
+body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 60em; color: #111; background: #fff; }}
+.text {{ font-family: ui-monospace, monospace; white-space: pre-wrap; line-height: 1.8; }}
 .tok {{ border-radius: 2px; }}
-.nugget {{ outline: 1px solid #2a7; }}
-.legend span {{ padding: 0 .4em; }}
+.nugget {{ font-weight: 700; outline: 1px solid hsl(130,55%,35%); }}
+.legend {{ display: flex; gap: 1.5em; align-items: center; flex-wrap: wrap; font-size: .9em; }}
+.bar {{ display: inline-block; width: 10em; height: 1em; vertical-align: middle; border: 1px solid #999; }}
 </style></head>
 <body>
 <h1>{html.escape(title)}</h1>
 <p class="summary">{html.escape(view.summary())}</p>
-<p class="legend"><span style="background:hsl(120,65%,58%)">nugget</span>
-<span style="background:rgba(0,0,0,.3)">darker = higher Scorer score</span>
-(hover a token for its score)</p>
+<div class="legend">
+<span><span class="nugget" style="background:{_shade(0.5, True)}">nugget</span> kept token</span>
+<span>Scorer score rank: low <span class="bar" style="background:linear-gradient(to right,{_shade(0, False)},\
+{_shade(1, False)})"></span> high</span>
+<span>{marks}</span>
+<span>(hover a token for its score)</span>
+</div>
 <div class="text">{"".join(spans)}</div>
 </body></html>
 """

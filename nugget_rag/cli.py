@@ -64,9 +64,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         options["chunk_tokens"] = args.chunk_tokens
     if args.chunk_overlap is not None:
         options["chunk_overlap"] = args.chunk_overlap
-    index = NuggetIndex.open(args.index, compressor, load_embeddings(args), **options)
-    added = index.ingest(docs)
-    index.save(args.index)
+    with NuggetIndex.updating(args.index, compressor, load_embeddings(args), **options) as index:
+        added = index.ingest(docs)
     stats = index.last_ingest
     print(f"Ingested {stats['documents']} documents as {stats['chunks']} chunks ({added} new, "
           f"{stats['skipped']} already indexed) into {args.index}: {len(index)} chunks in all, "

@@ -133,3 +133,38 @@ def test_checkpoint_flag_names_the_shipped_one_untrained_or_a_directory():
     assert cli.checkpoint_arg("default") == "default"
     assert cli.checkpoint_arg("none") is None
     assert cli.checkpoint_arg("runs/x/final") == Path("runs/x/final")
+
+
+INGEST_WORKER = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_integrations import HashEmbeddings
+from tiny import tiny_base
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, cli
+model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={{"rank": 4}}))
+cli.load_compressor = lambda args, store_dir=None: NuggetCompressor(model=model, store=NuggetStore(directory=store_dir))
+cli.load_embeddings = lambda args: HashEmbeddings()
+sys.exit(cli.main(["ingest", {path!r}, "--index", {index!r}, "--chunk-tokens", "200", "-q"]))
+"""
+
+
+def test_concurrent_ingests_into_one_index_all_land(tmp_path):
+    import subprocess
+    import sys
+
+    index_dir = tmp_path / "index"
+    workers = []
+    for worker in range(4):
+        path = tmp_path / f"part{worker}.jsonl"
+        path.write_text("".join(json.dumps({"id": f"w{worker}-d{i}", "text": f"Note {i} of writer {worker}: "
+                                            f"the tide turns {i + worker} times."}) + "\n" for i in range(50)))
+        script = INGEST_WORKER.format(tests=str(Path(__file__).parent), path=str(path), index=str(index_dir))
+        workers.append(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True))
+    for process in workers:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err
+    files = json.loads((index_dir / "index.json").read_text())["files"]
+    docstore = json.loads((index_dir / files["docstore"]["name"]).read_text())
+    sources = {d["metadata"]["source"] for d in docstore["documents"]}
+    assert sources == {f"w{w}-d{i}" for w in range(4) for i in range(50)}

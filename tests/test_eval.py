@@ -354,3 +354,14 @@ def test_lmsumm_keeps_each_summary_within_its_own_budget(model):
     summary = readings[0].texts[0]
     assert len(model.tokenizer(summary, add_special_tokens=False)["input_ids"]) <= 2 * summary_words(short, 4.0) + 16
     assert readings[1].texts is not None and readings[2].reason.startswith("summarisation prompt exceeds")
+
+
+def test_cli_eval_writes_into_a_new_temporary_folder_unless_told(tiny_eval_cli, data_dir, tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    common = ["eval", "--tasks", "squad", "--systems", "nodoc", "--data-dir", str(data_dir), "--limit", "1", "-q"]
+    assert cli.main(common) == 0
+    written = Path(capsys.readouterr().out.split("wrote ")[-1].split(",")[0])
+    assert written.is_file() and written.parent.name.startswith("nugget-rag-eval-") and not list(tmp_path.iterdir())
+    assert cli.main([*common, "--resume"]) == 2
+    assert "--out-dir" in capsys.readouterr().err

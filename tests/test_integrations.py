@@ -307,3 +307,14 @@ def test_chunks_of_documents_without_a_source_are_named_by_id_or_digest(compress
                           Document(page_content="Another one.", id="doc-7")])
     assert chunks[0].metadata["source"].startswith("sha256:") and chunks[1].metadata["source"] == "doc-7"
     assert chunks[0].id == chunk_id("", chunks[0].page_content)  # ids of earlier indexes stay valid
+
+
+def test_html_shading_follows_score_ranks_so_an_outlier_does_not_flatten_it():
+    from nugget_rag.integrations.visualize import NuggetView, score_levels
+
+    scores = [-9387.0, -2010.0, -2000.0, -1990.0]
+    assert score_levels(scores) == pytest.approx([0, 1 / 3, 2 / 3, 1])
+    page = render_html(NuggetView(["a", " b", " c", " d"], scores, {3}, 4.0))
+    backgrounds = re.findall(r"background:hsl\(\d+,\d+%,(\d+)%\)\" title", page)
+    assert len(set(backgrounds[:3])) == 3  # the three close scores get three distinct shades
+    assert "50th percentile: -2000.00" in page

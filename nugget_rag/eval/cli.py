@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--speed-repeats", type=int, help="timed repeats (default 3)")
     parser.add_argument("--optimal", action="store_true", help="also run the Scorer's greedy-optimal study (App. A)")
     parser.add_argument("--optimal-examples", type=int, default=4, metavar="N", help="examples of that study (default 4)")
-    parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out-dir", type=Path, help="folder of the result files (default: a new temporary folder)")
     parser.add_argument("--name", default="eval", help="stem of the result files (default eval)")
     parser.add_argument("--write-benchmarks", type=Path, metavar="MD", help="update this file's harness section")
     parser.add_argument("--resume", action="store_true",
@@ -75,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None) -> EvalConfig:
+    if args.out_dir is None and args.resume:
+        raise ValueError("--resume continues the run in --out-dir DIR: name that folder")
     values = {
         "tasks": args.tasks, "systems": args.systems, "ratios": args.ratios,
         "split": None if args.split == "all" else args.split,
@@ -99,7 +102,10 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
         speed["repeats"] = args.speed_repeats
     if speed:
         values["speed"] = speed
-    return EvalConfig(**values)
+    cfg = EvalConfig(**values)
+    if cfg.out_dir is None:  # checked first, so a refused configuration leaves no folder behind
+        cfg = cfg.model_copy(update={"out_dir": Path(tempfile.mkdtemp(prefix="nugget-rag-eval-"))})
+    return cfg
 
 
 def run_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:

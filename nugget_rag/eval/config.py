@@ -74,7 +74,7 @@ class EvalConfig(BaseModel):
     optimal_examples: int = Field(4, ge=1)
     optimal_lm: LMConfig = Field(default_factory=lambda: LMConfig(history=128, context=64, target=64),
                                  description="LM window of the App. A study (the paper's: 128 / 64 / 64).")
-    out_dir: Path | None = Field(Path("benchmarks/results"), description="Where results go (None: not written).")
+    out_dir: Path | None = Field(None, description="Where results go (None: not written).")
     name: str = Field("eval", description="Stem of the result files.")
     plots: bool = True
     progress: bool = True
