@@ -49,8 +49,7 @@ def nugget_view(compressor: NuggetCompressor, text: str) -> NuggetView:
     segment = model.segment_length(compressor.segment_tokens)
     segments = [ids[start : start + segment] for start in range(0, len(ids), segment)]
     input_ids, opening = model.encoder_input(segments)
-    with model.lock:
-        rows = model.score(input_ids)[:, opening:].float().cpu().tolist()
+    rows = model.score(input_ids)[:, opening:].float().cpu().tolist()
     scores = [score for row, part in zip(rows, segments) for score in row[: len(part)]]
     return NuggetView(_pieces(text, ids, encoded.get("offset_mapping"), tokenizer), scores,
                       set(state.positions.tolist()), compressor.effective_ratio)

@@ -15,6 +15,7 @@ from transformers import (
 )
 
 from .config import DECODER
+from .layout import decoder_positions
 from .model import NuggetModel
 from .state import NuggetState
 
@@ -133,17 +134,13 @@ def stream_generate(
     cache = DynamicCache()
     processors = settings.logits_processors()
     generated = torch.zeros(len(prompts), 0, dtype=torch.long, device=model.device)
-    positions = layout.counts[:, None] + token_mask.long().cumsum(1) - 1
-    inner = model.llama.model
+    positions = decoder_positions(layout.counts, token_mask)
     for step in range(steps):
-        # The model is shared: hold it for one step, never across a yield, so that other calls (another stream,
-        # a compression) interleave with a paused stream instead of waiting for it. The KV cache is this call's own.
-        with model.lock, model.use_adapter(adapter):
-            hidden = inner(
-                inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(token_mask, embeds.shape[1]),
-                cache=cache, use_cache=True,
-            ).last_hidden_state
-            logits = model.llama.lm_head(hidden[:, -1])
+        # The model is shared: `run` holds it for one step, never across a yield, so that other calls (another
+        # stream, a compression) interleave with a paused stream instead of waiting for it. The KV cache is ours.
+        hidden = model.run(adapter, layout.reader(token_mask, embeds.shape[1]), inputs_embeds=embeds,
+                           position_ids=positions, cache=cache)
+        logits = model.logits(hidden[:, -1])
         if processors and generated.shape[1]:
             logits = processors(generated, logits)
         tokens = _next_token(logits, settings, generator)
@@ -163,7 +160,7 @@ def stream_generate(
             yield pieces
             return
         yield pieces
-        embeds = inner.embed_tokens(tokens[:, None])
+        embeds = model.llama.get_input_embeddings()(tokens[:, None])
         token_mask = torch.cat([token_mask, token_mask.new_ones(len(prompts), 1)], dim=1)
         positions = positions[:, -1:] + 1
 

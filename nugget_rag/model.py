@@ -2,16 +2,8 @@
 
 Data flow: token ids -> Scorer over the frozen model's early layers -> top-k positions -> encoder pass that
 records every layer's key/value states there (NuggetState) -> decoder pass whose tokens attend to the
-nuggets of any number of documents and to themselves.
-
-Position scheme (one function, `layout`, serves training and inference): a document is encoded alone, after the
-document opening (with the default `placement="in_user_turn"`, the chat template up to the user's text, where
-Full's prompt has the documents; nothing otherwise), and stored at positions 0..n-1. When documents are read,
-the decoder first runs the prompt's prefix (by default that opening; h tokens) at 0..h-1; the nuggets follow,
-renumbered in the order given, h..h+K-1 over all documents (each key's rotary phase is shifted to its new
-position, an exact rotation), then the rest of the prompt at h+K, h+K+1, ... So documents compose in any number
-and order, and the position budget is spent on nuggets, not on the original tokens. With r = 1, one document and
-adapters off this is exactly the base model reading Full's prompt (opening, document, rest of the prompt).
+nuggets of any number of documents and to themselves. Where everything sits: layout.py. `NuggetModel.run` is
+the one caller of the inner LLaMA model.
 """
 
 from __future__ import annotations
@@ -19,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,22 +20,28 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from . import layout as positions
 from .adapters import Adapters, weights_version
-from .attention import CaptureNuggets, ReadNuggets, rotate_keys
+from .attention import CaptureNuggets, ReadNuggets
 from .attention import install as install_attention
 from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
-from .config import DECODER, ENCODER, LEGACY_PLACEMENT, NuggetConfig
-from .prompts import document_opening, prompt_around_documents
+from .checkpoint_files import (
+    CHECKPOINT_FORMAT,
+    CONFIG_FILE,
+    DEFAULT_CHECKPOINT,
+    WEIGHTS_FILE,
+    base_digest,
+    checkpoint_config,
+    default_checkpoint_for,
+    read_checkpoint_meta,
+)
+from .config import DECODER, ENCODER, NuggetConfig
+from .layout import NuggetLayout
+from .prefix_cache import PrefixCache
 from .scorer import Scorer, select_nuggets
 from .state import NuggetState
 
-CONFIG_FILE = "nugget_config.json"
-WEIGHTS_FILE = "nugget.safetensors"
-CHECKPOINT_FORMAT = "nugget-rag/checkpoint-v1"
-DEFAULT_CHECKPOINT = "default"
 PREFIX_CACHE_SIZE = 8  # prompt openings kept between queries (one per system prompt in use, typically)
-# The adapters and Scorer shipped for the default base model (MODEL_CARD.md); `DEFAULT_CHECKPOINT` names them.
-SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct-r10"
 
 
 @dataclass
@@ -53,19 +50,6 @@ class DecoderOutput:
     loss: torch.Tensor | None = None
     # with labels: the logits that predict each target, [targets, vocab] in row-major (sample, position) order
     target_logits: torch.Tensor | None = None
-
-
-@dataclass
-class NuggetLayout:
-    """Nuggets of a batch of samples laid out for the decoder (see the module docstring)."""
-
-    keys: torch.Tensor  # [layers, batch, kv_heads, K, head_dim]
-    values: torch.Tensor
-    bias: torch.Tensor  # [batch, K]: straight-through term, -inf on padding
-    counts: torch.Tensor  # [batch]: real nuggets per sample
-
-    def reader(self, token_mask: torch.Tensor, query_len: int) -> ReadNuggets:
-        return ReadNuggets(self.keys, self.values, self.bias, token_mask, query_len)
 
 
 class NuggetModel(nn.Module):
@@ -78,10 +62,10 @@ class NuggetModel(nn.Module):
         self.base_name = base.name
         # Under in_user_turn, documents are encoded (and their nuggets read) after the chat template's opening,
         # as Full's prompt has them; the key/values of a document at r = 1 are then exactly Full's.
-        self.document_opening = document_opening(self.tokenizer, self.config.placement == "in_user_turn")
+        self.document_opening = positions.document_opening(self.tokenizer, self.config.placement == "in_user_turn")
         lm = base.model
         install_attention(lm.model)
-        self._base_digest = _base_digest(lm)
+        self._base_digest = base_digest(lm)
         rope_type = (getattr(lm.config, "rope_parameters", None) or {}).get("rope_type", "default")
         if rope_type in ("dynamic", "longrope"):
             raise ValueError(f"{base.name} uses rope_type={rope_type!r}, whose frequencies depend on the sequence "
@@ -107,9 +91,7 @@ class NuggetModel(nn.Module):
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
         self._weights_digest: tuple[tuple | None, str] = (None, "")  # (what it hashed, its sha256)
-        # prompt-prefix states computed without gradients, keyed by ids, adapter and the adapter's weight versions
-        self._prefix_cache: OrderedDict[tuple, NuggetState] = OrderedDict()
-        self._prefix_cache_lock = threading.Lock()
+        self.prefix_cache = PrefixCache(PREFIX_CACHE_SIZE)
         self.set_trainable()
         self.eval()
 
@@ -140,6 +122,29 @@ class NuggetModel(nn.Module):
     @property
     def max_positions(self) -> int:
         return int(self.llama.config.max_position_embeddings)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The decoder layers of the base model (to hook, not to call: `run` does that)."""
+        return self.llama.model.layers
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """The rotary frequencies, which move a key to another position (attention.rotate_keys)."""
+        return self.llama.model.rotary_emb.inv_freq
+
+    def run(self, adapter: str | None, nuggets: CaptureNuggets | ReadNuggets | None = None,
+            **inputs: torch.Tensor | object) -> torch.Tensor:
+        """One pass of the inner LLaMA model with `adapter` active (None: the frozen base model), under the model's
+        lock; returns the last hidden states. `inputs`: input_ids or inputs_embeds, and position_ids,
+        attention_mask or a KV `cache`. The only caller of the inner model: adapter switches are global."""
+        use_cache = inputs.get("cache") is not None
+        with self.lock, self.use_adapter(adapter):
+            return self.llama.model(nuggets=nuggets, use_cache=use_cache, **inputs).last_hidden_state
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output layer (never adapted)."""
+        return self.llama.lm_head(hidden)
 
     def adapter_parameters(self, adapter: str) -> Iterator[nn.Parameter]:
         return self.adapters.parameters(adapter)
@@ -204,24 +209,17 @@ class NuggetModel(nn.Module):
 
     # ------------------------------------------------------------------ encoder side
     def _pad(self, sequences: Sequence[Sequence[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(s) for s in sequences)
-        ids = torch.full((len(sequences), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(sequences), width), dtype=torch.bool)
-        for i, s in enumerate(sequences):
-            span = slice(width - len(s), width) if left else slice(0, len(s))
-            ids[i, span] = torch.tensor(list(s), dtype=torch.long)
-            mask[i, span] = True
-        return ids.to(self.device), mask.to(self.device)
+        return positions.pad(sequences, self.tokenizer.pad_token_id, self.device, left)
 
     def score(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Scorer over the hidden states after `scorer_layer` layers of the frozen model (adapters off)."""
         inner = self.llama.model
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-        with self.use_adapter(None), torch.no_grad():
+        steps = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        with self.lock, self.use_adapter(None), torch.no_grad():
             hidden = inner.embed_tokens(input_ids)
-            rotary = inner.rotary_emb(hidden, position_ids=positions)
+            rotary = inner.rotary_emb(hidden, position_ids=steps)
             for layer in inner.layers[: self.config.scorer_layer]:
-                hidden = layer(hidden, position_embeddings=rotary, position_ids=positions)
+                hidden = layer(hidden, position_embeddings=rotary, position_ids=steps)
         return self.scorer(hidden)
 
     def compress(
@@ -240,25 +238,16 @@ class NuggetModel(nn.Module):
         segment_tokens = self.segment_length(segment_tokens)
         if not token_ids or min(len(t) for t in token_ids) == 0:
             raise ValueError("every document must have at least one token")
-        pieces, owners = [], []
-        for doc, ids in enumerate(token_ids):
-            for start in range(0, len(ids), segment_tokens):
-                pieces.append(list(ids[start : start + segment_tokens]))
-                owners.append((doc, start))
-        with self.lock:
-            states = self._compress_segments(pieces, ratio, adapter, self.fingerprint(ratio, adapter, segment_tokens))
+        pieces, owners = positions.split_segments(token_ids, segment_tokens)
+        states = self._compress_segments(pieces, ratio, adapter, self.fingerprint(ratio, adapter, segment_tokens))
         joined: list[list[tuple[int, NuggetState]]] = [[] for _ in token_ids]
         for (doc, start), state in zip(owners, states):
             joined[doc].append((start, state))
-        return [parts[0][1] if len(parts) == 1 else self._join_segments(parts) for parts in joined]
+        return [parts[0][1] if len(parts) == 1 else positions.join_segments(parts, self.inv_freq) for parts in joined]
 
     def segment_length(self, segment_tokens: int | None = None) -> int:
-        """Tokens per independently compressed segment: `segment_tokens`, at most (and by default) the model's
-        positions less the document opening."""
-        if segment_tokens is not None and segment_tokens < 1:
-            raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
-        room = self.max_positions - len(self.document_opening)
-        return min(segment_tokens or room, room)
+        """Tokens per independently compressed segment (layout.segment_length)."""
+        return positions.segment_length(self.max_positions, len(self.document_opening), segment_tokens)
 
     def encoder_input(self, token_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
         """Right-padded ids of each document after the document opening, and the opening's length h."""
@@ -267,10 +256,7 @@ class NuggetModel(nn.Module):
 
     def to_document_positions(self, keys: torch.Tensor, opening: int) -> torch.Tensor:
         """Keys ([..., k, head_dim]) encoded after an opening of that many tokens, moved to positions from 0."""
-        if not opening:
-            return keys
-        shift = torch.full((keys.shape[-2],), -opening, device=keys.device)
-        return rotate_keys(keys, shift, self.llama.model.rotary_emb.inv_freq)
+        return positions.to_document_positions(keys, opening, self.inv_freq)
 
     def _compress_segments(self, token_ids: list[list[int]], ratio: float, adapter: str | None,
                            fingerprint: str) -> list[NuggetState]:
@@ -281,82 +267,31 @@ class NuggetModel(nn.Module):
         width = max(len(c) for c in chosen)
         padded = torch.stack([F.pad(c, (0, width - len(c)), value=int(c[-1])) for c in chosen])
         capture = CaptureNuggets(padded + opening)
-        with self.use_adapter(adapter):
-            self.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
+        self.run(adapter, capture, input_ids=input_ids)
         keys, values = capture.stacked()
         keys = self.to_document_positions(keys, opening)
         states = []
-        for b, (positions, n) in enumerate(zip(chosen, lengths)):
-            k = len(positions)
-            tokens = self.tokenizer.convert_ids_to_tokens([token_ids[b][i] for i in positions.tolist()])
-            states.append(
-                NuggetState(keys[:, b, :, :k], values[:, b, :, :k], positions, scores[b, positions],
-                            tokens, n, fingerprint)
-            )
+        for b, (chosen_b, n) in enumerate(zip(chosen, lengths)):
+            k = len(chosen_b)
+            tokens = self.tokenizer.convert_ids_to_tokens([token_ids[b][i] for i in chosen_b.tolist()])
+            states.append(NuggetState(keys[:, b, :, :k], values[:, b, :, :k], chosen_b, scores[b, chosen_b],
+                                      tokens, n, fingerprint))
         return states
-
-    def _join_segments(self, parts: list[tuple[int, NuggetState]]) -> NuggetState:
-        """One state for a segmented document: keys move to their document-wide positions."""
-        inv_freq = self.llama.model.rotary_emb.inv_freq
-        keys = [rotate_keys(s.keys, torch.full_like(s.positions, start), inv_freq) for start, s in parts]
-        return NuggetState(
-            keys=torch.cat(keys, dim=2),
-            values=torch.cat([s.values for _, s in parts], dim=2),
-            positions=torch.cat([s.positions + start for start, s in parts]),
-            scores=torch.cat([s.scores for _, s in parts]),
-            tokens=[t for _, s in parts for t in s.tokens],
-            n=sum(s.n for _, s in parts),
-            fingerprint=parts[0][1].fingerprint,
-        )
 
     # ------------------------------------------------------------------ decoder side
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[int]]:
         """The decoder's token ids before and after the nuggets, for a chat whose last user turn asks about them."""
-        return prompt_around_documents(self.tokenizer, messages, self.config.placement == "in_user_turn")
+        return positions.prompt_around_documents(self.tokenizer, messages, self.config.placement == "in_user_turn")
 
     def prefix_states(
         self, prefixes: Sequence[Sequence[int]], adapter: str | None = DECODER
     ) -> list[NuggetState | None]:
-        """Every layer's key/value states of each prompt prefix as the decoder computes them (positions 0..h-1).
+        """Every layer's key/value states of each prompt prefix as the decoder computes them (PrefixCache)."""
+        return self.prefix_cache.states(self, prefixes, adapter)
 
-        None for an empty prefix; equal prefixes run once. Under autograd the states carry the adapter's gradient;
-        without it they are kept (the last few) and reused until the adapter's weights change.
-        """
-        unique = list(dict.fromkeys(tuple(p) for p in prefixes if len(p)))
-        if not unique:
-            return [None] * len(prefixes)
-        stamp = self._weights_stamp(adapter) if not torch.is_grad_enabled() else None
-        with self._prefix_cache_lock:
-            states = {u: self._prefix_cache[(u, stamp)] for u in unique if stamp and (u, stamp) in self._prefix_cache}
-        missing = [u for u in unique if u not in states]
-        if missing:
-            states.update(self._run_prefixes(missing, adapter))
-        if stamp:
-            with self._prefix_cache_lock:
-                for u in unique:
-                    self._prefix_cache[(u, stamp)] = states[u]
-                    self._prefix_cache.move_to_end((u, stamp))
-                while len(self._prefix_cache) > PREFIX_CACHE_SIZE:
-                    self._prefix_cache.popitem(last=False)
-        return [states[tuple(p)] if len(p) else None for p in prefixes]
-
-    def _weights_stamp(self, adapter: str | None) -> tuple:
+    def weights_stamp(self, adapter: str | None) -> tuple:
         """Changes whenever an adapter weight is changed in place or replaced (as in `fingerprint`)."""
         return (adapter, str(self.dtype), str(self.device), self.adapters.version(adapter))
-
-    def _run_prefixes(self, unique: list[tuple[int, ...]], adapter: str | None) -> dict[tuple[int, ...], NuggetState]:
-        input_ids, _ = self._pad(unique)
-        lengths = [len(u) for u in unique]
-        steps = torch.arange(max(lengths), device=self.device)
-        capture = CaptureNuggets(torch.stack([steps.clamp(max=n - 1) for n in lengths]))
-        with self.lock, self.use_adapter(adapter):
-            self.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
-        keys, values = capture.stacked()
-        return {
-            u: NuggetState(keys[:, b, :, :n], values[:, b, :, :n], steps[:n], torch.zeros(n, device=self.device),
-                           self.tokenizer.convert_ids_to_tokens(list(u)), n, self.state_tag("prompt-prefix"))
-            for b, (u, n) in enumerate(zip(unique, lengths))
-        }
 
     def layout(
         self,
@@ -364,46 +299,28 @@ class NuggetModel(nn.Module):
         prefixes: Sequence[Sequence[int] | None] | None = None,
         adapter: str | None = DECODER,
     ) -> NuggetLayout:
-        """Compose each sample's prompt prefix and documents in order, at positions 0, 1, ...
+        """Each sample's prompt prefix and documents composed in order at positions 0, 1, ... (layout.compose).
 
-        A prefix of None (the default) is the document opening for a sample with documents, else nothing.
+        A prefix of None (the default) is the document opening for a sample with documents, else nothing. States
+        made by another base model are refused.
         """
         prefixes = [None] * len(samples) if prefixes is None else prefixes
         if len(prefixes) != len(samples):
             raise ValueError(f"got {len(prefixes)} prompt prefixes for {len(samples)} samples")
-        wanted = [(self.document_opening if docs else []) if p is None else p for p, docs in zip(prefixes, samples)]
-        heads = self.prefix_states(wanted, adapter)
-        samples = [docs if head is None else [head, *docs] for head, docs in zip(heads, samples)]
-        keys, values, biases, shifts = zip(*(self._concatenate(docs) for docs in samples))
-        width = max(1, max(len(d) for d in shifts))
-        keys = torch.stack([F.pad(k, (0, 0, 0, width - k.shape[2])) for k in keys], dim=1)
-        shift = torch.stack([F.pad(d, (0, width - len(d))) for d in shifts])  # padding: not moved
-        return NuggetLayout(
-            # every key of the batch moved to its new position in one rotation
-            keys=rotate_keys(keys, shift[None, :, None, :], self.llama.model.rotary_emb.inv_freq),
-            values=torch.stack([F.pad(v, (0, 0, 0, width - v.shape[2])) for v in values], dim=1),
-            bias=torch.stack([F.pad(b, (0, width - len(b)), value=float("-inf")) for b in biases]),
-            counts=torch.tensor([len(d) for d in shifts], device=self.device),
-        )
-
-    def _concatenate(self, docs: Sequence[NuggetState]) -> tuple[torch.Tensor, ...]:
-        """One sample's nuggets in order: keys, values [layers, kv_heads, K, head_dim] at their stored positions,
-        bias [K], and the shift [K] that moves each key to its new position 0..K-1."""
-        cfg = self.llama.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        empty = torch.zeros(cfg.num_hidden_layers, cfg.num_key_value_heads, 0, head_dim, dtype=self.dtype, device=self.device)
         origin = self.state_tag("")
-        for state in docs:
+        for state in (state for docs in samples for state in docs):
             if not state.fingerprint.startswith(origin):
                 raise ValueError(f"a NuggetState with fingerprint {state.fingerprint!r} was made by another base model "
                                  f"than {self.base_name!r} (fingerprints start {origin!r}); compress the document "
                                  "with this model")
-        docs = [state.to(self.device, self.dtype) for state in docs]
-        keys = torch.cat([empty, *(state.keys for state in docs)], dim=2)
-        values = torch.cat([empty, *(state.values for state in docs)], dim=2)
-        scores = torch.cat([torch.zeros(0, device=self.device), *(state.scores.float() for state in docs)])
-        stored = torch.cat([torch.zeros(0, dtype=torch.long, device=self.device), *(state.positions for state in docs)])
-        return keys, values, scores - scores.detach(), torch.arange(len(stored), device=self.device) - stored
+        wanted = [(self.document_opening if docs else []) if p is None else p for p, docs in zip(prefixes, samples)]
+        heads = self.prefix_states(wanted, adapter)
+        cfg = self.llama.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        empty = torch.zeros(cfg.num_hidden_layers, cfg.num_key_value_heads, 0, head_dim, dtype=self.dtype,
+                            device=self.device)
+        return positions.compose([docs if head is None else [head, *docs] for head, docs in zip(heads, samples)],
+                                 empty, self.inv_freq)
 
     def embed(self, input_ids: torch.Tensor, token_mask: torch.Tensor, soft_prompt: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Token embeddings, with the soft prompt put before each row's first real token when asked."""
@@ -416,11 +333,7 @@ class NuggetModel(nn.Module):
 
     def check_positions(self, states: int, tokens: int) -> None:
         """Refuse a decoder input of `states` prefix and nugget states and `tokens` tokens that cannot fit."""
-        if states + tokens > self.max_positions:
-            raise ValueError(
-                f"{states} states (prompt opening and nuggets) plus {tokens} prompt tokens exceed the model's "
-                f"{self.max_positions} positions; pass fewer documents, a shorter prompt, or compress at a larger r"
-            )
+        positions.check_positions(self.max_positions, states, tokens)
 
     def decode(
         self,
@@ -443,14 +356,10 @@ class NuggetModel(nn.Module):
         layout = self.layout(samples, prefixes, adapter)
         embeds, full_mask = self.embed(input_ids, token_mask, soft_prompt)
         self.check_positions(int(layout.counts.max()), embeds.shape[1])
-        positions = layout.counts[:, None] + full_mask.long().cumsum(1) - 1
-        with self.lock, self.use_adapter(adapter):
-            hidden = self.llama.model(
-                inputs_embeds=embeds, position_ids=positions.clamp(min=0), nuggets=layout.reader(full_mask, embeds.shape[1]),
-                use_cache=False,
-            ).last_hidden_state
+        hidden = self.run(adapter, layout.reader(full_mask, embeds.shape[1]), inputs_embeds=embeds,
+                          position_ids=positions.decoder_positions(layout.counts, full_mask))
         extra = embeds.shape[1] - input_ids.shape[1]
-        logits = self.llama.lm_head(hidden[:, extra:]) if return_logits else None
+        logits = self.logits(hidden[:, extra:]) if return_logits else None
         loss = target_logits = None
         if labels is not None:
             labels = labels.to(hidden.device)
@@ -459,15 +368,14 @@ class NuggetModel(nn.Module):
             kept = targets != -100
             if not kept.any():
                 raise ValueError("labels has no target (every label is -100)")
-            target_logits = self.llama.lm_head(predictors[kept]).float()
+            target_logits = self.logits(predictors[kept]).float()
             loss = F.cross_entropy(target_logits, targets[kept])
         return DecoderOutput(logits=logits, loss=loss, target_logits=target_logits)
 
     def read_text(self, input_ids: torch.Tensor, token_mask: torch.Tensor, adapter: str | None = None) -> torch.Tensor:
         """Last hidden states of a plain forward over right-padded `input_ids` (no nuggets; adapters off by default:
         the uncompressed teacher of distillation)."""
-        with self.lock, self.use_adapter(adapter):
-            return self.llama.model(input_ids=input_ids, attention_mask=token_mask.long(), use_cache=False).last_hidden_state
+        return self.run(adapter, input_ids=input_ids, attention_mask=token_mask.long())
 
     # ------------------------------------------------------------------ save / load
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32,
@@ -546,36 +454,7 @@ class NuggetModel(nn.Module):
         return model
 
 
-def default_checkpoint_for(base_model: str | Path | BaseLM | None) -> Path | None:
-    """The shipped checkpoint when `base_model` is the default model (None or its name), else None (untrained)."""
-    if base_model is None:
-        name = DEFAULT_MODEL_NAME
-    else:  # a directory of that name may hold other weights: load_parts compares the base digest
-        name = base_model.name if isinstance(base_model, BaseLM) else Path(base_model).name
-    return SHIPPED_CHECKPOINT if name == DEFAULT_MODEL_NAME and SHIPPED_CHECKPOINT.is_dir() else None
-
-
-def checkpoint_config(directory: str | Path) -> NuggetConfig:
-    """The nugget settings a checkpoint was trained with (one without `placement` predates it: before_prompt)."""
-    return NuggetConfig.model_validate({"placement": LEGACY_PLACEMENT, **read_checkpoint_meta(directory)["config"]})
-
-
-def read_checkpoint_meta(directory: str | Path) -> dict:
-    path = Path(directory) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: {directory} is not a nugget-rag checkpoint (save_pretrained writes one)")
-    meta = json.loads(path.read_text())
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} has format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
-    return meta
-
-
-def _base_digest(model: nn.Module) -> str:
-    """A dtype-independent digest of the frozen base weights (a strided sample of every tensor)."""
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        flat = p.detach().flatten()
-        sample = flat[:: max(1, flat.numel() // 4096)][:4096].to(torch.bfloat16).float().cpu()
-        h.update(f"{name}:{tuple(p.shape)}".encode())
-        h.update(sample.numpy().tobytes())
-    return h.hexdigest()[:32]
+__all__ = [
+    "CONFIG_FILE", "DEFAULT_CHECKPOINT", "WEIGHTS_FILE", "DecoderOutput", "NuggetModel", "checkpoint_config",
+    "default_checkpoint_for", "read_checkpoint_meta",
+]

@@ -52,10 +52,6 @@ def full_context_messages(documents: Sequence[str], instruction: str) -> list[di
     return [{"role": "user", "content": "\n\n".join([*documents, instruction])}]
 
 
-# Stands for the documents while a chat is rendered; a private-use character no real text carries.
-DOCUMENTS_MARK = "\ue000documents\ue000"
-
-
 def chat_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> str:
     """`messages` ({role, content} dicts) rendered in the chat template, ready for the assistant's reply."""
     if tokenizer.chat_template:
@@ -74,31 +70,3 @@ def _warn_no_template(name: str) -> None:
 def chat_token_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[int]:
     """Token ids of `messages` in the chat template, ready for the assistant's reply."""
     return tokenizer(chat_text(tokenizer, messages), add_special_tokens=False)["input_ids"]
-
-
-def document_opening(tokenizer: PreTrainedTokenizerBase, in_user_turn: bool) -> list[int]:
-    """The chat's token ids before a user turn's text: what documents are encoded and read after (in_user_turn)."""
-    return prompt_around_documents(tokenizer, [{"role": "user", "content": ""}], in_user_turn)[0]
-
-
-def prompt_around_documents(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], in_user_turn: bool
-) -> tuple[list[int], list[int]]:
-    """The chat's token ids before and after the place where the decoder reads the documents' nuggets.
-
-    in_user_turn: the place the documents' text has in Full's prompt, the start of the last user turn, followed by
-    a blank line; otherwise ahead of the whole prompt (nothing before).
-    """
-    if not in_user_turn:
-        return [], chat_token_ids(tokenizer, messages)
-    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    if not users:
-        raise ValueError("the documents are read inside a user turn: the messages need one (the question)")
-    chat = [dict(m) for m in messages]
-    chat[users[-1]]["content"] = f"{DOCUMENTS_MARK}\n\n{chat[users[-1]]['content']}"
-    pieces = chat_text(tokenizer, chat).split(DOCUMENTS_MARK)
-    if len(pieces) != 2:
-        raise ValueError(f"the chat template of {tokenizer.name_or_path!r} does not keep the user's text as it is, so "
-                         "the documents' place in it is unknown; use NuggetConfig(placement='before_prompt')")
-    before, after = (tokenizer(p, add_special_tokens=False)["input_ids"] for p in pieces)
-    return before, after

@@ -72,7 +72,7 @@ def test_non_llama_checkpoint_is_refused(tmp_path):
 
 def test_the_shipped_checkpoint_is_loaded_by_default(compressor):
     """The package ships trained adapters and Scorer for the default model (untrained LoRA B matrices are zero)."""
-    from nugget_rag.model import SHIPPED_CHECKPOINT
+    from nugget_rag.checkpoint_files import SHIPPED_CHECKPOINT
 
     assert SHIPPED_CHECKPOINT.is_dir(), "the wheel must ship nugget_rag/checkpoints (MODEL_CARD.md)"
     model = compressor.model

@@ -335,16 +335,17 @@ def test_untrained_model_is_the_same_in_every_process():
 
 
 def test_default_checkpoint_is_the_shipped_one_only_on_the_default_model(make_model, tmp_path, monkeypatch):
+    import nugget_rag.checkpoint_files as checkpoint_files
     import nugget_rag.model as model_module
     from nugget_rag.base_model import DEFAULT_MODEL_NAME, BaseLM
 
-    monkeypatch.setattr(model_module, "SHIPPED_CHECKPOINT", tmp_path / "missing")
+    monkeypatch.setattr(checkpoint_files, "SHIPPED_CHECKPOINT", tmp_path / "missing")
     assert model_module.default_checkpoint_for(None) is None  # nothing shipped: untrained
     trained = make_model(ratio=3)
     with torch.no_grad():
         trained.scorer.net[0].weight.add_(0.5)
     trained.save_pretrained(tmp_path / "shipped")
-    monkeypatch.setattr(model_module, "SHIPPED_CHECKPOINT", tmp_path / "shipped")
+    monkeypatch.setattr(checkpoint_files, "SHIPPED_CHECKPOINT", tmp_path / "shipped")
     assert model_module.default_checkpoint_for(None) == tmp_path / "shipped"
     assert model_module.default_checkpoint_for("/models/other-llama") is None
     # another base model gets fresh adapters; the default model (by name) gets the shipped ones
@@ -401,7 +402,7 @@ def test_prompt_prefix_trains_the_decoder_adapter_only(make_model, doc_ids):
 def test_checkpoints_record_the_placement_and_older_ones_read_before_the_prompt(make_model, tmp_path):
     import json
 
-    from nugget_rag.model import CONFIG_FILE, SHIPPED_CHECKPOINT, read_checkpoint_meta
+    from nugget_rag.checkpoint_files import CONFIG_FILE, SHIPPED_CHECKPOINT, read_checkpoint_meta
 
     make_model().save_pretrained(tmp_path)
     meta = json.loads((tmp_path / CONFIG_FILE).read_text())
@@ -440,8 +441,9 @@ def test_prompt_prefix_states_are_reused_until_the_decoder_changes(make_model, d
     model = make_model(ratio=3)
     opening = model.document_opening
     runs = []
-    real = model._run_prefixes
-    monkeypatch.setattr(model, "_run_prefixes", lambda unique, adapter: runs.append(len(unique)) or real(unique, adapter))
+    real = model.prefix_cache._run
+    monkeypatch.setattr(model.prefix_cache, "_run",
+                        lambda m, unique, adapter: runs.append(len(unique)) or real(m, unique, adapter))
     with torch.no_grad():
         first = model.prefix_states([opening, opening])[0]
         again = model.prefix_states([opening])[0]

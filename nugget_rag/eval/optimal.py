@@ -29,8 +29,7 @@ TRIALS_PER_PASS = 8  # candidate selections decoded together
 def _encode_all(model, ids: list[int]):
     input_ids, opening = model.encoder_input([ids])
     capture = CaptureNuggets(torch.arange(opening, opening + len(ids), device=input_ids.device)[None])
-    with model.lock, model.use_adapter(ENCODER):
-        model.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
+    model.run(ENCODER, capture, input_ids=input_ids)
     keys, values = capture.stacked()
     return model.to_document_positions(keys[:, 0], opening), values[:, 0], model.score(input_ids)[0, opening:]
 

@@ -28,13 +28,12 @@ from transformers import PreTrainedTokenizerBase
 
 from .. import corpora
 from ..config import nugget_count
+from ..layout import document_opening, prompt_around_documents
 from ..prompts import (
     QA_PROMPT,
     SUMMARY_PROMPT,
     chat_token_ids,
-    document_opening,
     full_context_messages,
-    prompt_around_documents,
     render_instruction,
 )
 from .config import Lengths, Source

@@ -38,13 +38,12 @@ def frozen_pass(model: NuggetModel, token_ids: Sequence[Sequence[int]], queries:
     recorded: dict[int, torch.Tensor] = {}
     hooks = []
     if queries:
-        for index, layer in enumerate(model.llama.model.layers):
+        for index, layer in enumerate(model.layers):
             def hook(module, args, output, index=index):
                 recorded[index] = output.detach().view(output.shape[0], output.shape[1], heads, head_dim).transpose(1, 2)
             hooks.append(layer.self_attn.q_proj.register_forward_hook(hook))
     try:
-        with model.lock, model.use_adapter(None):
-            model.llama.model(input_ids=input_ids, nuggets=capture, use_cache=False)
+        model.run(None, capture, input_ids=input_ids)
     finally:
         for h in hooks:
             h.remove()
@@ -52,7 +51,7 @@ def frozen_pass(model: NuggetModel, token_ids: Sequence[Sequence[int]], queries:
     keys = model.to_document_positions(keys, opening)
     q_all = None
     if queries:
-        inv_freq = model.llama.model.rotary_emb.inv_freq
+        inv_freq = model.inv_freq
         # [layers, batch, heads, width, head_dim], the document's rows
         q_all = torch.stack([recorded[i][:, :, opening:] for i in sorted(recorded)])
         q_all = rotate_keys(q_all, torch.arange(width, device=q_all.device), inv_freq)
@@ -67,7 +66,7 @@ def attention_probs(model: NuggetModel, run: FrozenPass, rows: torch.Tensor, lay
     k = run.keys[layer].float()  # [kv_heads, n, D]
     groups = q.shape[0] // k.shape[0]
     k = k.repeat_interleave(groups, dim=0)
-    scale = model.llama.model.layers[layer].self_attn.scaling
+    scale = model.layers[layer].self_attn.scaling
     logits = q @ k.transpose(1, 2) * scale
     cols = torch.arange(k.shape[1], device=logits.device)
     logits = logits.masked_fill(cols[None, None, :] > rows[None, :, None], float("-inf"))

@@ -31,7 +31,7 @@ class Compressive(System):
 
     def prepare(self, env: Env, queries, ratio):
         model = env.model
-        inv_freq = model.llama.model.rotary_emb.inv_freq
+        inv_freq = model.inv_freq
 
         def pool(chunk):
             out = []

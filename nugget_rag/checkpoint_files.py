@@ -1,0 +1,56 @@
+"""The files of a nugget checkpoint (the trained parts, not the base model): names, format, metadata, and the one
+shipped for the default base model. `NuggetModel.save_pretrained` writes them; `from_pretrained` reads them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .base_model import DEFAULT_MODEL_NAME, BaseLM
+from .config import LEGACY_PLACEMENT, NuggetConfig
+
+CONFIG_FILE = "nugget_config.json"
+WEIGHTS_FILE = "nugget.safetensors"
+CHECKPOINT_FORMAT = "nugget-rag/checkpoint-v1"
+DEFAULT_CHECKPOINT = "default"
+# The adapters and Scorer shipped for the default base model (MODEL_CARD.md); `DEFAULT_CHECKPOINT` names them.
+SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct-r10"
+
+
+def default_checkpoint_for(base_model: str | Path | BaseLM | None) -> Path | None:
+    """The shipped checkpoint when `base_model` is the default model (None or its name), else None (untrained)."""
+    if base_model is None:
+        name = DEFAULT_MODEL_NAME
+    else:  # a directory of that name may hold other weights: load_parts compares the base digest
+        name = base_model.name if isinstance(base_model, BaseLM) else Path(base_model).name
+    return SHIPPED_CHECKPOINT if name == DEFAULT_MODEL_NAME and SHIPPED_CHECKPOINT.is_dir() else None
+
+
+def checkpoint_config(directory: str | Path) -> NuggetConfig:
+    """The nugget settings a checkpoint was trained with (one without `placement` predates it: before_prompt)."""
+    return NuggetConfig.model_validate({"placement": LEGACY_PLACEMENT, **read_checkpoint_meta(directory)["config"]})
+
+
+def read_checkpoint_meta(directory: str | Path) -> dict:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {directory} is not a nugget-rag checkpoint (save_pretrained writes one)")
+    meta = json.loads(path.read_text())
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} has format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
+    return meta
+
+
+def base_digest(model: nn.Module) -> str:
+    """A dtype-independent digest of the frozen base weights (a strided sample of every tensor)."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        flat = p.detach().flatten()
+        sample = flat[:: max(1, flat.numel() // 4096)][:4096].to(torch.bfloat16).float().cpu()
+        h.update(f"{name}:{tuple(p.shape)}".encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:32]

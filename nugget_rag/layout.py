@@ -1,0 +1,169 @@
+"""The position scheme, in one place: where documents, nuggets and prompts sit in the encoder's and the decoder's
+sequences. The encoder, the decoder, generation, training data, the eval systems and inspection all call these.
+
+- A document is encoded alone, after the document opening (`document_opening`: with the default
+  `placement="in_user_turn"`, the chat template up to the user's text, where Full's prompt has the documents;
+  nothing with `before_prompt`), and its keys are stored at positions 0..n-1 (`to_document_positions`). A
+  document longer than the positions is cut into segments (`segment_length`, `split_segments`), each compressed
+  alone and joined at their document-wide positions (`join_segments`).
+- When documents are read, the decoder first runs the prompt's prefix (by default that opening; h tokens) at
+  0..h-1; the nuggets follow, renumbered in the order given, h..h+K-1 over all documents (each key's rotary phase
+  is shifted to its new position, an exact rotation: `compose`), then the rest of the prompt at h+K, h+K+1, ...
+  (`decoder_positions`). So documents compose in any number and order, and the position budget
+  (`check_positions`) is spent on nuggets, not on the original tokens. With r = 1, one document and adapters off
+  this is exactly the base model reading Full's prompt (opening, document, rest of the prompt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedTokenizerBase
+
+from .attention import ReadNuggets, rotate_keys
+from .prompts import chat_text, chat_token_ids
+from .state import NuggetState
+
+# Stands for the documents while a chat is rendered; a private-use character no real text carries.
+DOCUMENTS_MARK = "\ue000documents\ue000"
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+def prompt_around_documents(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], in_user_turn: bool
+) -> tuple[list[int], list[int]]:
+    """The chat's token ids before and after the place where the decoder reads the documents' nuggets.
+
+    in_user_turn: the place the documents' text has in Full's prompt, the start of the last user turn, followed by
+    a blank line; otherwise ahead of the whole prompt (nothing before).
+    """
+    if not in_user_turn:
+        return [], chat_token_ids(tokenizer, messages)
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if not users:
+        raise ValueError("the documents are read inside a user turn: the messages need one (the question)")
+    chat = [dict(m) for m in messages]
+    chat[users[-1]]["content"] = f"{DOCUMENTS_MARK}\n\n{chat[users[-1]]['content']}"
+    pieces = chat_text(tokenizer, chat).split(DOCUMENTS_MARK)
+    if len(pieces) != 2:
+        raise ValueError(f"the chat template of {tokenizer.name_or_path!r} does not keep the user's text as it is, so "
+                         "the documents' place in it is unknown; use NuggetConfig(placement='before_prompt')")
+    before, after = (tokenizer(p, add_special_tokens=False)["input_ids"] for p in pieces)
+    return before, after
+
+
+def document_opening(tokenizer: PreTrainedTokenizerBase, in_user_turn: bool) -> list[int]:
+    """The chat's token ids before a user turn's text: what documents are encoded and read after (in_user_turn)."""
+    return prompt_around_documents(tokenizer, [{"role": "user", "content": ""}], in_user_turn)[0]
+
+
+# ---------------------------------------------------------------------------------------------- encoder side
+def pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device | str,
+        left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded ids [batch, width] and their mask (True on real tokens), padded on the right or the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for i, s in enumerate(sequences):
+        span = slice(width - len(s), width) if left else slice(0, len(s))
+        ids[i, span] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, span] = True
+    return ids.to(device), mask.to(device)
+
+
+def segment_length(max_positions: int, opening: int, segment_tokens: int | None = None) -> int:
+    """Tokens per independently compressed segment: `segment_tokens`, at most (and by default) the model's
+    positions less the document opening."""
+    if segment_tokens is not None and segment_tokens < 1:
+        raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
+    room = max_positions - opening
+    return min(segment_tokens or room, room)
+
+
+def split_segments(token_ids: Sequence[Sequence[int]], length: int) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """Every document cut into segments of at most `length` tokens, and each segment's (document, start)."""
+    pieces, owners = [], []
+    for doc, ids in enumerate(token_ids):
+        for start in range(0, len(ids), length):
+            pieces.append(list(ids[start : start + length]))
+            owners.append((doc, start))
+    return pieces, owners
+
+
+def to_document_positions(keys: torch.Tensor, opening: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Keys ([..., k, head_dim]) encoded after an opening of that many tokens, moved to positions from 0."""
+    if not opening:
+        return keys
+    return rotate_keys(keys, torch.full((keys.shape[-2],), -opening, device=keys.device), inv_freq)
+
+
+def join_segments(parts: Sequence[tuple[int, NuggetState]], inv_freq: torch.Tensor) -> NuggetState:
+    """One state for a segmented document, from its (start, state) segments: keys move to document-wide positions."""
+    keys = [rotate_keys(s.keys, torch.full_like(s.positions, start), inv_freq) for start, s in parts]
+    return NuggetState(
+        keys=torch.cat(keys, dim=2),
+        values=torch.cat([s.values for _, s in parts], dim=2),
+        positions=torch.cat([s.positions + start for start, s in parts]),
+        scores=torch.cat([s.scores for _, s in parts]),
+        tokens=[t for _, s in parts for t in s.tokens],
+        n=sum(s.n for _, s in parts),
+        fingerprint=parts[0][1].fingerprint,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- decoder side
+@dataclass
+class NuggetLayout:
+    """Nuggets of a batch of samples laid out for the decoder."""
+
+    keys: torch.Tensor  # [layers, batch, kv_heads, K, head_dim]
+    values: torch.Tensor
+    bias: torch.Tensor  # [batch, K]: straight-through term (paper Eq. 18), -inf on padding
+    counts: torch.Tensor  # [batch]: real nuggets per sample
+
+    def reader(self, token_mask: torch.Tensor, query_len: int) -> ReadNuggets:
+        return ReadNuggets(self.keys, self.values, self.bias, token_mask, query_len)
+
+
+def compose(samples: Sequence[Sequence[NuggetState]], empty: torch.Tensor, inv_freq: torch.Tensor) -> NuggetLayout:
+    """Each sample's states (prompt prefix first, then documents) concatenated in order at positions 0, 1, ...
+
+    `empty`: a [layers, kv_heads, 0, head_dim] tensor of the decoder's dtype and device, which every state is cast to.
+    On every nugget the attention bias is `s - s.detach()` of its Scorer score: zero forward, and the gradient of
+    each attention logit on it, in every layer and head, reaches the Scorer.
+    """
+    keys, values, biases, shifts = [], [], [], []
+    for states in samples:
+        states = [state.to(empty.device, empty.dtype) for state in states]
+        keys.append(torch.cat([empty, *(s.keys for s in states)], dim=2))
+        values.append(torch.cat([empty, *(s.values for s in states)], dim=2))
+        scores = torch.cat([torch.zeros(0, device=empty.device), *(s.scores.float() for s in states)])
+        biases.append(scores - scores.detach())
+        stored = torch.cat([torch.zeros(0, dtype=torch.long, device=empty.device), *(s.positions for s in states)])
+        shifts.append(torch.arange(len(stored), device=empty.device) - stored)
+    width = max(1, max(len(d) for d in shifts))
+    stacked = torch.stack([F.pad(k, (0, 0, 0, width - k.shape[2])) for k in keys], dim=1)
+    shift = torch.stack([F.pad(d, (0, width - len(d))) for d in shifts])  # padding: not moved
+    return NuggetLayout(
+        keys=rotate_keys(stacked, shift[None, :, None, :], inv_freq),  # every key moved in one rotation
+        values=torch.stack([F.pad(v, (0, 0, 0, width - v.shape[2])) for v in values], dim=1),
+        bias=torch.stack([F.pad(b, (0, width - len(b)), value=float("-inf")) for b in biases]),
+        counts=torch.tensor([len(d) for d in shifts], device=empty.device),
+    )
+
+
+def decoder_positions(counts: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """Positions of the decoder's tokens (left or right padded): right after each sample's states."""
+    return (counts[:, None] + token_mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def check_positions(max_positions: int, states: int, tokens: int) -> None:
+    """Refuse a decoder input of `states` prefix and nugget states and `tokens` tokens that cannot fit."""
+    if states + tokens > max_positions:
+        raise ValueError(
+            f"{states} states (prompt opening and nuggets) plus {tokens} prompt tokens exceed the model's "
+            f"{max_positions} positions; pass fewer documents, a shorter prompt, or compress at a larger r"
+        )
