@@ -36,10 +36,10 @@ from langchain_text_splitters import RecursiveCharacterTextSplitter
 from tqdm.auto import tqdm
 
 from nugget_rag.base_model import quiet_loading
+from nugget_rag.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.files import fsync_directory, write_atomic
 from nugget_rag.llm import NuggetLLM
-from nugget_rag.model import DEFAULT_CHECKPOINT
 from nugget_rag.store import DirectoryByteStore, NuggetStore
 
 with warnings.catch_warnings():  # langchain-community announces its sunset on import

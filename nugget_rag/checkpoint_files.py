@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .base_model import DEFAULT_MODEL_NAME, BaseLM
@@ -19,6 +20,36 @@ CHECKPOINT_FORMAT = "nugget-rag/checkpoint-v1"
 DEFAULT_CHECKPOINT = "default"
 # The adapters and Scorer shipped for the default base model (MODEL_CARD.md); `DEFAULT_CHECKPOINT` names them.
 SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct-r10"
+
+
+def write_checkpoint(directory: str | Path, parts: dict[str, dict[str, torch.Tensor]], meta: dict,
+                     dtype: torch.dtype) -> Path:
+    """`parts` (name -> tensors; the part "" unprefixed) as safetensors in `dtype`, and `meta` as JSON."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {f"{part}/{name}" if part else name: t.detach().to("cpu", dtype).contiguous()
+               for part, named in parts.items() for name, t in named.items()}
+    save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": CHECKPOINT_FORMAT})
+    (directory / CONFIG_FILE).write_text(json.dumps({"format": CHECKPOINT_FORMAT, **meta}, indent=2))
+    return directory
+
+
+def read_checkpoint_parts(directory: str | Path) -> dict[str, dict[str, torch.Tensor]]:
+    """The tensors `write_checkpoint` wrote, by part (on the CPU, in the stored dtype)."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(Path(directory) / WEIGHTS_FILE, device="cpu").items():
+        part, _, name = key.partition("/") if "/" in key else ("", "", key)
+        parts.setdefault(part, {})[name] = tensor
+    return parts
+
+
+def weights_digest(named: list[tuple[str, torch.Tensor]]) -> str:
+    """sha256 of named weights' values (in float32)."""
+    h = hashlib.sha256()
+    for name, p in named:
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 def default_checkpoint_for(base_model: str | Path | BaseLM | None) -> Path | None:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from langchain_core.embeddings import Embeddings
 
+from .checkpoint_files import DEFAULT_CHECKPOINT
 from .compressor import NuggetCompressor
 from .config import NuggetConfig
 from .llm import NuggetLLM
-from .model import DEFAULT_CHECKPOINT
 
 log = logging.getLogger("nugget_rag.cli")
 

@@ -16,8 +16,9 @@ from langchain_core.stores import BaseStore
 from pydantic import ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
+from .checkpoint_files import DEFAULT_CHECKPOINT
 from .config import NuggetConfig
-from .model import DEFAULT_CHECKPOINT, NuggetModel
+from .model import NuggetModel
 from .state import NuggetState
 from .store import NuggetStore
 

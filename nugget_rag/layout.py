@@ -31,6 +31,15 @@ from .state import NuggetState
 DOCUMENTS_MARK = "\ue000documents\ue000"
 
 
+def check_fixed_rotary(config, name: str) -> None:
+    """Refuse a model whose rotary frequencies depend on the sequence length: its keys cannot be moved exactly."""
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type in ("dynamic", "longrope"):
+        raise ValueError(f"{name} uses rope_type={rope_type!r}, whose frequencies depend on the sequence length, so "
+                         "nuggets encoded alone cannot be moved exactly to their place in a prompt; use a checkpoint "
+                         "with fixed rotary frequencies (default, linear, llama3, yarn)")
+
+
 # ---------------------------------------------------------------------------------------------- prompts
 def prompt_around_documents(
     tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], in_user_turn: bool
@@ -128,10 +137,16 @@ class NuggetLayout:
         return ReadNuggets(self.keys, self.values, self.bias, token_mask, query_len)
 
 
+def no_states(config, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An empty [layers, kv_heads, 0, head_dim] tensor of a model's key/value states (what `compose` starts from)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return torch.zeros(config.num_hidden_layers, config.num_key_value_heads, 0, head_dim, dtype=dtype, device=device)
+
+
 def compose(samples: Sequence[Sequence[NuggetState]], empty: torch.Tensor, inv_freq: torch.Tensor) -> NuggetLayout:
     """Each sample's states (prompt prefix first, then documents) concatenated in order at positions 0, 1, ...
 
-    `empty`: a [layers, kv_heads, 0, head_dim] tensor of the decoder's dtype and device, which every state is cast to.
+    `empty`: `no_states` of the decoder's dtype and device, which every state is cast to.
     On every nugget the attention bias is `s - s.detach()` of its Scorer score: zero forward, and the gradient of
     each attention logit on it, in every layer and head, reaches the Scorer.
     """

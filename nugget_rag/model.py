@@ -17,24 +17,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from . import checkpoint_files as ckpt
 from . import layout as positions
 from .adapters import Adapters, weights_version
 from .attention import CaptureNuggets, ReadNuggets
 from .attention import install as install_attention
 from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
-from .checkpoint_files import (
-    CHECKPOINT_FORMAT,
-    CONFIG_FILE,
-    DEFAULT_CHECKPOINT,
-    WEIGHTS_FILE,
-    base_digest,
-    checkpoint_config,
-    default_checkpoint_for,
-    read_checkpoint_meta,
-)
 from .config import DECODER, ENCODER, NuggetConfig
 from .layout import NuggetLayout
 from .prefix_cache import PrefixCache
@@ -65,12 +55,8 @@ class NuggetModel(nn.Module):
         self.document_opening = positions.document_opening(self.tokenizer, self.config.placement == "in_user_turn")
         lm = base.model
         install_attention(lm.model)
-        self._base_digest = base_digest(lm)
-        rope_type = (getattr(lm.config, "rope_parameters", None) or {}).get("rope_type", "default")
-        if rope_type in ("dynamic", "longrope"):
-            raise ValueError(f"{base.name} uses rope_type={rope_type!r}, whose frequencies depend on the sequence "
-                             "length, so nuggets encoded alone cannot be moved exactly to their place in a prompt; "
-                             "use a checkpoint with fixed rotary frequencies (default, linear, llama3, yarn)")
+        self._base_digest = ckpt.base_digest(lm)
+        positions.check_fixed_rotary(lm.config, base.name)
         if not 1 <= self.config.scorer_layer <= lm.config.num_hidden_layers:
             raise ValueError(
                 f"scorer_layer={self.config.scorer_layer} is outside the model's 1..{lm.config.num_hidden_layers} layers"
@@ -187,11 +173,7 @@ class NuggetModel(nn.Module):
         stamp = (adapter, weights_version(p for _, p in named))
         cached = self._weights_digest  # one read: another thread may replace it meanwhile
         if cached[0] != stamp:
-            h = hashlib.sha256()
-            for name, p in named:
-                h.update(name.encode())
-                h.update(p.detach().float().cpu().numpy().tobytes())
-            cached = self._weights_digest = (stamp, h.hexdigest())
+            cached = self._weights_digest = (stamp, ckpt.weights_digest(named))
         identity = [self._base_digest, ratio, self.config.scorer_layer, str(self.dtype), adapter, segment_tokens,
                     self.config.lora.model_dump(mode="json") if adapter else None, cached[1]]
         identity += [self.document_opening] if self.document_opening else []
@@ -315,12 +297,8 @@ class NuggetModel(nn.Module):
                                  "with this model")
         wanted = [(self.document_opening if docs else []) if p is None else p for p, docs in zip(prefixes, samples)]
         heads = self.prefix_states(wanted, adapter)
-        cfg = self.llama.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        empty = torch.zeros(cfg.num_hidden_layers, cfg.num_key_value_heads, 0, head_dim, dtype=self.dtype,
-                            device=self.device)
-        return positions.compose([docs if head is None else [head, *docs] for head, docs in zip(heads, samples)],
-                                 empty, self.inv_freq)
+        samples = [docs if head is None else [head, *docs] for head, docs in zip(heads, samples)]
+        return positions.compose(samples, positions.no_states(self.llama.config, self.dtype, self.device), self.inv_freq)
 
     def embed(self, input_ids: torch.Tensor, token_mask: torch.Tensor, soft_prompt: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Token embeddings, with the soft prompt put before each row's first real token when asked."""
@@ -385,47 +363,33 @@ class NuggetModel(nn.Module):
         `dtype=torch.bfloat16` halves the file (what the package ships); loading casts to the model's dtype.
         `training` (JSON) records how the parts were trained, such as the ratios (`read_checkpoint_meta` shows it).
         """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {}
-        for adapter in (ENCODER, DECODER):
-            for name, t in self.adapters.state_dict(adapter).items():
-                tensors[f"{adapter}/{name}"] = t.detach().to("cpu", dtype).contiguous()
-        for name, t in self.scorer.state_dict().items():
-            tensors[f"scorer/{name}"] = t.detach().to("cpu", dtype).contiguous()
-        tensors["soft_prompt"] = self.soft_prompt.detach().to("cpu", dtype).contiguous()
-        save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": CHECKPOINT_FORMAT})
-        meta = {"format": CHECKPOINT_FORMAT, "base_model": self.base_name, "base_digest": self._base_digest,
-                "config": self.config.model_dump()}
-        if training:
-            meta["training"] = training
-        (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
-        return directory
+        parts = {adapter: self.adapters.state_dict(adapter) for adapter in (ENCODER, DECODER)}
+        parts |= {"scorer": self.scorer.state_dict(), "": {"soft_prompt": self.soft_prompt}}
+        meta = {"base_model": self.base_name, "base_digest": self._base_digest, "config": self.config.model_dump()}
+        return ckpt.write_checkpoint(directory, parts, meta | ({"training": training} if training else {}), dtype)
 
     def load_parts(self, directory: str | Path) -> None:
         """Load weights written by save_pretrained into this model (same config and base model)."""
-        meta = read_checkpoint_meta(directory)
+        meta = ckpt.read_checkpoint_meta(directory)
         if meta["base_digest"] != self._base_digest:
             raise ValueError(
                 f"the checkpoint in {directory} was trained on base model {meta['base_model']!r}, whose weights "
                 f"differ from the loaded {self.base_name!r}; load it with that base model"
             )
-        tensors = load_file(Path(directory) / WEIGHTS_FILE, device="cpu")
+        parts = ckpt.read_checkpoint_parts(directory)
         for adapter in (ENCODER, DECODER):
-            prefix = f"{adapter}/"
-            part = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
             try:
-                self.adapters.load_state_dict(adapter, part)
+                self.adapters.load_state_dict(adapter, parts.get(adapter, {}))
             except ValueError as err:
                 raise ValueError(f"{directory}: {err}") from None
-        self.scorer.load_state_dict({k[len("scorer/"):]: v for k, v in tensors.items() if k.startswith("scorer/")})
+        self.scorer.load_state_dict(parts["scorer"])
         with torch.no_grad():
-            self.soft_prompt.copy_(tensors["soft_prompt"])
+            self.soft_prompt.copy_(parts[""]["soft_prompt"])
 
     @classmethod
     def from_pretrained(
         cls,
-        directory: str | Path | None = DEFAULT_CHECKPOINT,
+        directory: str | Path | None = ckpt.DEFAULT_CHECKPOINT,
         base_model: str | Path | BaseLM | None = None,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
@@ -436,11 +400,11 @@ class NuggetModel(nn.Module):
         `directory="default"`: the checkpoint shipped for the default base model (MODEL_CARD.md), or a fresh model
         on any other base; `None`: a fresh (untrained) model.
         """
-        if directory == DEFAULT_CHECKPOINT:
-            directory = default_checkpoint_for(base_model)
-        meta = read_checkpoint_meta(directory) if directory is not None else None
+        if directory == ckpt.DEFAULT_CHECKPOINT:
+            directory = ckpt.default_checkpoint_for(base_model)
+        meta = ckpt.read_checkpoint_meta(directory) if directory is not None else None
         if config is None:
-            config = checkpoint_config(directory) if meta else NuggetConfig()
+            config = ckpt.checkpoint_config(directory) if meta else NuggetConfig()
         if not isinstance(base_model, BaseLM):
             if base_model is None and meta and meta["base_model"] != DEFAULT_MODEL_NAME:
                 raise ValueError(
@@ -453,8 +417,3 @@ class NuggetModel(nn.Module):
             model.load_parts(directory)
         return model
 
-
-__all__ = [
-    "CONFIG_FILE", "DEFAULT_CHECKPOINT", "WEIGHTS_FILE", "DecoderOutput", "NuggetModel", "checkpoint_config",
-    "default_checkpoint_for", "read_checkpoint_meta",
-]

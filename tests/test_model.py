@@ -10,9 +10,10 @@ import torch
 from safetensors import safe_open
 from tiny import tiny_base
 
+from nugget_rag.checkpoint_files import WEIGHTS_FILE
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.generation import GenerationSettings, generate, stream_generate
-from nugget_rag.model import WEIGHTS_FILE, NuggetModel
+from nugget_rag.model import NuggetModel
 
 DOC = "The quick brown fox jumps over the lazy dog, then naps."
 DOC2 = "Paris is the capital of France."
@@ -336,18 +337,17 @@ def test_untrained_model_is_the_same_in_every_process():
 
 def test_default_checkpoint_is_the_shipped_one_only_on_the_default_model(make_model, tmp_path, monkeypatch):
     import nugget_rag.checkpoint_files as checkpoint_files
-    import nugget_rag.model as model_module
     from nugget_rag.base_model import DEFAULT_MODEL_NAME, BaseLM
 
     monkeypatch.setattr(checkpoint_files, "SHIPPED_CHECKPOINT", tmp_path / "missing")
-    assert model_module.default_checkpoint_for(None) is None  # nothing shipped: untrained
+    assert checkpoint_files.default_checkpoint_for(None) is None  # nothing shipped: untrained
     trained = make_model(ratio=3)
     with torch.no_grad():
         trained.scorer.net[0].weight.add_(0.5)
     trained.save_pretrained(tmp_path / "shipped")
     monkeypatch.setattr(checkpoint_files, "SHIPPED_CHECKPOINT", tmp_path / "shipped")
-    assert model_module.default_checkpoint_for(None) == tmp_path / "shipped"
-    assert model_module.default_checkpoint_for("/models/other-llama") is None
+    assert checkpoint_files.default_checkpoint_for(None) == tmp_path / "shipped"
+    assert checkpoint_files.default_checkpoint_for("/models/other-llama") is None
     # another base model gets fresh adapters; the default model (by name) gets the shipped ones
     fresh = NuggetModel.from_pretrained(base_model=tiny_base())
     assert fresh.fingerprint() == NuggetModel(tiny_base()).fingerprint() != trained.fingerprint()

@@ -14,8 +14,8 @@ import json
 import logging
 from pathlib import Path
 
+from ..checkpoint_files import DEFAULT_CHECKPOINT, WEIGHTS_FILE, default_checkpoint_for
 from ..files import write_atomic
-from ..model import DEFAULT_CHECKPOINT, WEIGHTS_FILE, default_checkpoint_for
 from .config import EvalConfig
 from .tasks import TaskData
 

@@ -21,11 +21,12 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 
 from ..base_model import load_base_model
+from ..checkpoint_files import DEFAULT_CHECKPOINT, checkpoint_config, default_checkpoint_for
 from ..config import DECODER
 from ..files import write_atomic
 from ..generation import GenerationSettings, generate
 from ..metrics import answer_correct, bleu, rouge
-from ..model import DEFAULT_CHECKPOINT, NuggetModel, checkpoint_config, default_checkpoint_for
+from ..model import NuggetModel
 from . import checkpoint
 from .config import Source, TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
