@@ -5,6 +5,7 @@ import torch
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_tests.integration_tests import ChatModelIntegrationTests
+from standard import NuggetLLMSuite
 
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore
 from nugget_rag.base_model import DEFAULT_MODEL_NAME, load_base_model
@@ -112,29 +113,13 @@ def test_untrained_r1_nuggets_in_the_user_turn_are_fulls_prompt():
     assert (logits - expected).abs().max() < 1e-3
 
 
-class TestNuggetLLMIntegration(ChatModelIntegrationTests):
+class TestNuggetLLMIntegration(NuggetLLMSuite, ChatModelIntegrationTests):
     """LangChain's standard integration tests for chat models, on the default model (no tool calling, structured
-    output or multimodal input: the flags below skip those)."""
+    output or multimodal input: the suite's flags skip those)."""
 
     @pytest.fixture(autouse=True)
     def _params(self, compressor):
-        self._compressor = compressor
-
-    @property
-    def chat_model_class(self):
-        return NuggetLLM
-
-    @property
-    def chat_model_params(self):
-        return {"compressor": self._compressor, "max_new_tokens": 24}
-
-    @property
-    def has_tool_calling(self):
-        return False
-
-    @property
-    def has_structured_output(self):
-        return False
+        self.params = {"compressor": compressor, "max_new_tokens": 24}
 
 
 def test_cli_ask_prints_no_warnings_or_progress_bars(tmp_path):

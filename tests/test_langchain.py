@@ -9,6 +9,7 @@ from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_tests.unit_tests import ChatModelUnitTests
+from standard import NuggetLLMSuite
 from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
@@ -168,28 +169,12 @@ def standard_params():
     return {"compressor": NuggetCompressor(model=model), "max_new_tokens": 4}
 
 
-class TestNuggetLLMStandard(ChatModelUnitTests):
+class TestNuggetLLMStandard(NuggetLLMSuite, ChatModelUnitTests):
     """LangChain's standard unit tests for chat models (no tool calling or structured output)."""
 
     @pytest.fixture(autouse=True)
     def _params(self, standard_params):
-        self._standard = standard_params
-
-    @property
-    def chat_model_class(self):
-        return NuggetLLM
-
-    @property
-    def chat_model_params(self):
-        return self._standard
-
-    @property
-    def has_tool_calling(self):
-        return False
-
-    @property
-    def has_structured_output(self):
-        return False
+        self.params = standard_params
 
 
 def test_llm_reads_the_nuggets_inside_the_last_user_turn(compressor):
