@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import sys
 
-from nugget_rag.eval.cli import main
+from nugget_rag.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["--tasks", "speed", "--ratios", "10", "--speed-docs", "1", "4", "16", "--speed-repeats", "5",
+    sys.exit(main(["eval", "--tasks", "speed", "--ratios", "10", "--speed-docs", "1", "4", "16", "--speed-repeats", "5",
                    "--name", "ttft", "--out-dir", "benchmarks/results", *sys.argv[1:]]))

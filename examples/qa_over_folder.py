@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from nugget_rag import NuggetLLM
-from nugget_rag.cli import add_checkpoint_option
+from nugget_rag.cli_options import add_checkpoint_option
 from nugget_rag.integrations import (
     NuggetIndex,
     build_qa_chain,

@@ -22,7 +22,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableLambda
 
 from nugget_rag import SUMMARY_PROMPT, NuggetLLM
-from nugget_rag.cli import add_checkpoint_option
+from nugget_rag.cli_options import add_checkpoint_option
 from nugget_rag.integrations import load_compressor
 
 REPO = Path(__file__).resolve().parent.parent

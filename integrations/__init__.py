@@ -9,6 +9,7 @@ from .faiss_store import (
     embedding_name,
     load_compressor,
     minilm_embeddings,
+    read_manifest,
     source_label,
 )
 from .loaders import DocumentLoadError, load_documents, load_jsonl
@@ -16,6 +17,7 @@ from .visualize import NuggetView, nugget_view, render_html, render_terminal
 
 __all__ = [
     "DocumentLoadError", "IndexFileError", "NuggetIndex", "SentenceTransformerEmbeddings", "build_qa_chain",
-    "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "source_label",
+    "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
+    "source_label",
     "NuggetView", "nugget_view", "render_html", "render_terminal",
 ]

@@ -419,6 +419,12 @@ class NuggetIndex:
             lock.release()
 
 
+def read_manifest(directory: str | Path) -> dict[str, Any] | None:
+    """The manifest of the index saved in `directory` (its settings: r, chunking, embeddings), or None if none."""
+    path = Path(directory) / MANIFEST_FILE
+    return _read_json(path) if path.exists() else None
+
+
 def _is_store_at(store: NuggetStore, directory: Path) -> bool:
     byte_store = store.byte_store
     return isinstance(byte_store, DirectoryByteStore) and byte_store.directory.resolve() == directory.resolve()
@@ -521,5 +527,5 @@ def source_label(metadata: dict[str, Any]) -> str:
 
 __all__: list[str] = [
     "IndexFileError", "NuggetIndex", "SentenceTransformerEmbeddings", "build_qa_chain", "chunk_id",
-    "embedding_name", "load_compressor", "minilm_embeddings", "source_label",
+    "embedding_name", "load_compressor", "minilm_embeddings", "read_manifest", "source_label",
 ]

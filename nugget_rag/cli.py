@@ -1,8 +1,10 @@
-"""The `nugget-rag` command: ingest documents into an index, ask questions over it, inspect nuggets.
+"""The `nugget-rag` command: ingest documents into an index, ask questions over it, inspect nuggets, train, evaluate.
 
     nugget-rag ingest docs/ notes.md corpus.jsonl --index my-index
     nugget-rag ask "How do I parse JSON?" --index my-index
     nugget-rag inspect README.md --html nuggets.html
+    nugget-rag train --config configs/recipe-r10.yaml
+    nugget-rag eval --tasks squad --ratios 10 --limit 20
 """
 
 from __future__ import annotations
@@ -16,16 +18,11 @@ from pathlib import Path
 
 from langchain_core.embeddings import Embeddings
 
-from .checkpoint_files import DEFAULT_CHECKPOINT
+from .cli_options import UserError, add_checkpoint_option, add_verbose_option, positive_int, ratio_arg
 from .compressor import NuggetCompressor
-from .config import NuggetConfig
 from .llm import NuggetLLM
 
 log = logging.getLogger("nugget_rag.cli")
-
-
-class UserError(Exception):
-    """A mistake in the command line or its inputs: reported as one line, exit code 2."""
 
 
 # ---------------------------------------------------------------------------------------------- seams
@@ -46,13 +43,13 @@ def load_embeddings(args: argparse.Namespace) -> Embeddings:
 
 # ---------------------------------------------------------------------------------------------- commands
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from .integrations import NuggetIndex, load_documents
-    from .integrations.faiss_store import MANIFEST_FILE, NUGGETS_DIR
+    from .integrations import NuggetIndex, load_documents, read_manifest
+    from .integrations.faiss_store import NUGGETS_DIR
 
     docs = load_documents(args.paths)
     if not docs:
         raise UserError(f"no text found in {', '.join(args.paths)}")
-    manifest = _manifest(args.index) if (args.index / MANIFEST_FILE).exists() else None
+    manifest = read_manifest(args.index)
     if manifest is not None:
         if args.ratio is not None and args.ratio != manifest.get("ratio"):
             raise UserError(f"the index in {args.index} holds nuggets at r = {manifest.get('ratio')}; "
@@ -138,49 +135,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _manifest(index_dir: Path) -> dict:
-    from .integrations.faiss_store import MANIFEST_FILE, _read_json
+    from .integrations import read_manifest
 
-    if not (index_dir / MANIFEST_FILE).exists():
+    manifest = read_manifest(index_dir)
+    if manifest is None:
         raise UserError(f"no index in {index_dir}: run `nugget-rag ingest PATH... --index {index_dir}` first")
-    return _read_json(index_dir / MANIFEST_FILE)
+    return manifest
 
 
 # ---------------------------------------------------------------------------------------------- parser
-def _ratio(value: str) -> float:
-    try:
-        return NuggetConfig(ratio=float(value)).ratio
-    except ValueError as err:  # float() and NuggetConfig's own check
-        raise argparse.ArgumentTypeError(f"the compression ratio must be >= 1 (a number such as 10), got {value!r}") from err
-
-
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return number
-
-
-def checkpoint_arg(value: str) -> str | Path | None:
-    """--checkpoint: a directory, 'default' (the shipped one) or 'none' (untrained)."""
-    return {DEFAULT_CHECKPOINT: DEFAULT_CHECKPOINT, "none": None}.get(value, Path(value))
-
-
-def add_checkpoint_option(parser: argparse.ArgumentParser) -> None:
-    """The --checkpoint option shared by the CLI and the examples."""
-    parser.add_argument("--checkpoint", type=checkpoint_arg, default=DEFAULT_CHECKPOINT,
-                        help="nugget checkpoint directory; 'default' (the default): the one shipped for "
-                             "SmolLM2-135M-Instruct (untrained on another base model); 'none': untrained adapters")
-
-
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     add_checkpoint_option(common)
     common.add_argument("--base-model", type=Path, help="base LLaMA checkpoint directory (default: SmolLM2-135M)")
     common.add_argument("--device", help="torch device, e.g. cpu or cuda (default: cuda if available)")
-    common.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-vv: debug)")
+    add_verbose_option(common)
 
     parser = argparse.ArgumentParser(prog="nugget-rag", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -191,8 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("paths", nargs="+", metavar="PATH", help="text files, folders (recursively), JSONL files "
                                                                  "({\"text\", \"id\", \"title\", \"source\"} a line)")
     ingest.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory")
-    ingest.add_argument("--ratio", type=_ratio, help="compression ratio r (default: the model's)")
-    ingest.add_argument("--chunk-tokens", type=_positive, metavar="N", help="tokens per chunk (default 384)")
+    ingest.add_argument("--ratio", type=ratio_arg, help="compression ratio r (default: the model's)")
+    ingest.add_argument("--chunk-tokens", type=positive_int, metavar="N", help="tokens per chunk (default 384)")
     ingest.add_argument("--chunk-overlap", type=int, metavar="N", help="tokens shared by neighbours (default 32)")
     ingest.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     ingest.set_defaults(func=cmd_ingest)
@@ -201,26 +170,33 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Retrieve the closest chunks, read their nuggets and stream the answer.")
     ask.add_argument("question")
     ask.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory")
-    ask.add_argument("-k", type=_positive, default=4, help="chunks to read (default 4)")
-    ask.add_argument("--max-new-tokens", type=_positive, default=128, metavar="N", help="answer length (default 128)")
+    ask.add_argument("-k", type=positive_int, default=4, help="chunks to read (default 4)")
+    ask.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N", help="answer length (default 128)")
     ask.set_defaults(func=cmd_ask)
 
     inspect = commands.add_parser("inspect", parents=[common], help="show which tokens become nuggets",
                                   description="Highlight the tokens the Scorer keeps as nuggets (Dodo paper, Fig. 7).")
     inspect.add_argument("text", metavar="TEXT_OR_FILE", help="a file to read, or the text itself")
-    inspect.add_argument("--ratio", type=_ratio, help="compression ratio r (default: the model's)")
+    inspect.add_argument("--ratio", type=ratio_arg, help="compression ratio r (default: the model's)")
     inspect.add_argument("--html", type=Path, metavar="OUT.html", help="write an HTML page instead of printing")
     inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                          help="terminal highlighting (never: nuggets in [[brackets]])")
     inspect.set_defaults(func=cmd_inspect)
 
-    from .eval.cli import add_arguments
+    from .eval import cli as eval_cli
+    from .train import cli as train_cli
+
+    train = commands.add_parser("train", help="train the nugget adapters and Scorer", description=train_cli.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    train_cli.add_arguments(train)
+    add_verbose_option(train)
+    train.set_defaults(func=lambda args: train_cli.run_from_args(args))
 
     evaluate = commands.add_parser("eval", help="evaluate compression systems on the paper's tasks",
-                                   description="Evaluation harness (issue 4): tasks x systems x ratios, speed and "
-                                               "memory; writes JSON, a markdown table and plots.")
-    add_arguments(evaluate)
-    evaluate.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-vv: debug)")
+                                   description="Evaluation harness: tasks x systems x ratios, speed and memory; "
+                                               "writes JSON, a markdown table and plots.")
+    eval_cli.add_arguments(evaluate)
+    add_verbose_option(evaluate)
     evaluate.set_defaults(func=cmd_eval)
     return parser
 
@@ -231,8 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, or a usage error already printed by argparse
         return int(exit_.code or 0)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose or args.command == "train" else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s" if args.command == "train"
+                        else "%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -248,4 +225,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["UserError", "build_parser", "load_compressor", "load_embeddings", "main"]
+__all__ = ["build_parser", "load_compressor", "load_embeddings", "main"]

@@ -10,7 +10,7 @@ import pytest
 from test_integrations import HashEmbeddings
 from tiny import tiny_base
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore, cli
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore, cli, cli_options
 from nugget_rag.integrations import NuggetIndex, build_qa_chain
 
 
@@ -130,9 +130,9 @@ def test_bad_jsonl_and_bad_options(capsys, tmp_path):
 
 
 def test_checkpoint_flag_names_the_shipped_one_untrained_or_a_directory():
-    assert cli.checkpoint_arg("default") == "default"
-    assert cli.checkpoint_arg("none") is None
-    assert cli.checkpoint_arg("runs/x/final") == Path("runs/x/final")
+    assert cli_options.checkpoint_arg("default") == "default"
+    assert cli_options.checkpoint_arg("none") is None
+    assert cli_options.checkpoint_arg("runs/x/final") == Path("runs/x/final")
 
 
 INGEST_WORKER = """
@@ -168,3 +168,9 @@ def test_concurrent_ingests_into_one_index_all_land(tmp_path):
     docstore = json.loads((index_dir / files["docstore"]["name"]).read_text())
     sources = {d["metadata"]["source"] for d in docstore["documents"]}
     assert sources == {f"w{w}-d{i}" for w in range(4) for i in range(50)}
+
+
+def test_one_command_trains_and_evaluates(capsys):
+    for command in ("train", "eval"):
+        assert cli.main([command, "--help"]) == 0
+        assert f"usage: nugget-rag {command}" in capsys.readouterr().out

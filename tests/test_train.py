@@ -7,12 +7,13 @@ import torch
 from pydantic import ValidationError
 from tiny import tiny_base
 
+from nugget_rag.cli import build_parser, main
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.corpora import DataError
 from nugget_rag.model import NuggetModel
 from nugget_rag.train import objectives
-from nugget_rag.train.__main__ import build_parser, load_config, main
 from nugget_rag.train.checkpoint import checkpoints
+from nugget_rag.train.cli import load_config
 from nugget_rag.train.config import TrainConfig
 from nugget_rag.train.data import ExampleStream, Mixture
 from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
@@ -211,19 +212,19 @@ def test_cli_trains_a_saved_llama_directory(data, tmp_path, capsys):
             "--data", f"autoencoding:{data / 'docs.jsonl'},dev_split=null", "--max-steps", "2", "--save-every", "1",
             "--nugget.scorer-layer", "2", "--nugget.lora.rank", "4", "--lengths.autoencoding", "24",
             "--batch-size", "2", "--eval-every", "0"]
-    assert main(argv) == 0
+    assert main(["train", *argv]) == 0
     assert "trained 2 steps" in capsys.readouterr().out
     assert (tmp_path / "run" / "final" / "nugget.safetensors").is_file()
-    assert main(argv[:-2] + ["--eval-every", "-1"]) == 2
+    assert main(["train", *argv[:-2], "--eval-every", "-1"]) == 2
     assert "eval_every" in capsys.readouterr().err
 
 
 def test_flag_values_keep_their_types(tmp_path):
     """YAML reads a bare `no` as False and `2026` as a number; flags and config files must still mean what they say."""
     (tmp_path / "run.yaml").write_text("mixed_precision: no\noutput_dir: run\ndata: [{objective: qa, path: x.json}]\n")
-    from_file = load_config(build_parser().parse_args(["--config", str(tmp_path / "run.yaml")]))
+    from_file = load_config(build_parser().parse_args(["train", "--config", str(tmp_path / "run.yaml")]))
     from_flag = load_config(build_parser().parse_args(
-        ["--output-dir", "2026", "--data", "qa:x.json,weight=2,dev_split=null", "--mixed-precision", "no",
+        ["train", "--output-dir", "2026", "--data", "qa:x.json,weight=2,dev_split=null", "--mixed-precision", "no",
          "--base-model", "yes", "--optim.lr", "1e-3", "--gradient-checkpointing", "true", "--optim.betas", "[0.8, 0.9]",
          "--nugget.ratio", "2.5"]))
     assert from_file.mixed_precision == from_flag.mixed_precision == "no"

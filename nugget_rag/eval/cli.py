@@ -1,4 +1,4 @@
-"""Command line of the evaluation harness: `nugget-rag eval ...` and `python -m nugget_rag.eval ...`.
+"""The options of `nugget-rag eval` (also `python -m nugget_rag.eval`), the evaluation harness.
 
     nugget-rag eval --tasks squad --systems full nodoc truncation nugget --ratios 10 --split dev --limit 20
     nugget-rag eval --tasks autoencoding squad cnndm lm hotpotqa speed --task-split hotpotqa=test \\
@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli import add_checkpoint_option
+from ..cli_options import add_checkpoint_option
 from .config import DEFAULT_SYSTEMS, TASKS, EvalConfig
 
 
@@ -117,9 +117,3 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None) -
     print(f"wrote {results['files']['json']}, {results['files']['markdown']}"
           + (f" and {len(results['files']['plots'])} plots" if results["files"]["plots"] else ""))
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from .. import cli
-
-    return cli.main(["eval", *(sys.argv[1:] if argv is None else argv)])

@@ -1,1 +1,1 @@
-"""Training (see nugget_rag/train/__main__.py)."""
+"""Training: `nugget-rag train` (nugget_rag/train/cli.py), the Trainer, objectives, data, distillation."""

@@ -1,0 +1,46 @@
+"""Options shared by every `nugget-rag` command and the examples: one argument style (--kebab-case FLAG VALUE)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .checkpoint_files import DEFAULT_CHECKPOINT
+from .config import NuggetConfig
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs: reported as one line, exit code 2."""
+
+
+def ratio_arg(value: str) -> float:
+    """A compression ratio r >= 1."""
+    try:
+        return NuggetConfig(ratio=float(value)).ratio
+    except ValueError as err:  # float() and NuggetConfig's own check
+        raise argparse.ArgumentTypeError(f"the compression ratio must be >= 1 (a number such as 10), got {value!r}") from err
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
+def checkpoint_arg(value: str) -> str | Path | None:
+    """--checkpoint: a directory, 'default' (the shipped one) or 'none' (untrained)."""
+    return {DEFAULT_CHECKPOINT: DEFAULT_CHECKPOINT, "none": None}.get(value, Path(value))
+
+
+def add_checkpoint_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", type=checkpoint_arg, default=DEFAULT_CHECKPOINT,
+                        help="nugget checkpoint directory; 'default' (the default): the one shipped for "
+                             "SmolLM2-135M-Instruct (untrained on another base model); 'none': untrained adapters")
+
+
+def add_verbose_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-vv: debug)")
