@@ -365,3 +365,19 @@ def test_cli_eval_writes_into_a_new_temporary_folder_unless_told(tiny_eval_cli, 
     assert written.is_file() and written.parent.name.startswith("nugget-rag-eval-") and not list(tmp_path.iterdir())
     assert cli.main([*common, "--resume"]) == 2
     assert "--out-dir" in capsys.readouterr().err
+
+
+def test_all_systems_by_default_includes_a_newly_registered_one():
+    from nugget_rag.eval.systems import SYSTEMS, Reading, System, register
+
+    @register("test_only_system")
+    class TestOnly(System):
+        label = "test only"
+
+        def prepare(self, env, queries, ratio):
+            return [Reading(texts=list(q.documents)) for q in queries]
+
+    try:
+        assert EvalConfig().systems[-1] == "test_only_system" and EvalConfig().systems[0] == "full"
+    finally:
+        SYSTEMS.pop("test_only_system")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..cli_options import add_checkpoint_option
-from .config import DEFAULT_SYSTEMS, TASKS, EvalConfig
+from .config import TASKS, EvalConfig, all_systems
 
 
 def _pair(value: str) -> tuple[str, str]:
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     parser.add_argument("--tasks", nargs="+", default=["squad"], metavar="TASK",
                         help=f"tasks: {', '.join((*TASKS, 'speed'))} (default: squad)")
-    parser.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), metavar="SYSTEM",
+    parser.add_argument("--systems", nargs="+", default=all_systems(), metavar="SYSTEM",
                         help=f"systems (default: all): {', '.join(sorted(SYSTEMS))}")
     parser.add_argument("--ratios", nargs="+", type=float, default=[5, 10, 20], metavar="R", help="ratios (default 5 10 20)")
     parser.add_argument("--split", choices=["train", "dev", "test", "all"], default="dev",

@@ -17,9 +17,11 @@ DEFAULT_FILES = {
     "hotpotqa": "hotpotqa-dev-distractor-53.json",
     "speed": "python-3.11-docs.jsonl",
 }
-DEFAULT_SYSTEMS = ("full", "full_ft", "nodoc", "truncation", "compressive", "observed_attention", "snapkv",
-                   "llmlingua_style", "lmsumm", "nugget", "kvpress_snapkv", "kvpress_snapkv_query", "kvpress_observed_attention",
-                   "llmlingua")
+def all_systems() -> list[str]:
+    """Every system registered in nugget_rag/eval/systems (a new one is included without further edits)."""
+    from .systems import registered_systems
+
+    return registered_systems()
 
 
 class SpeedConfig(BaseModel):
@@ -45,7 +47,7 @@ class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tasks: list[str] = Field(default_factory=lambda: ["squad"])
-    systems: list[str] = Field(default_factory=lambda: list(DEFAULT_SYSTEMS))
+    systems: list[str] = Field(default_factory=all_systems)
     ratios: list[float] = Field(default_factory=lambda: [5.0, 10.0, 20.0])
     split: Literal["train", "dev", "test"] | None = Field("dev", description="Split of each file (splits.json); None: whole file.")
     task_splits: dict[str, Literal["train", "dev", "test"] | None] = Field(

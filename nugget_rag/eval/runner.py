@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..generation import GenerationSettings, generate
 from ..model import NuggetModel
-from .config import DEFAULT_SYSTEMS, TASKS, EvalConfig
+from .config import TASKS, EvalConfig
 from .resume import checkpoint_name, done, load_previous, merge_previous, save_progress, task_setup
 from .systems import SYSTEMS, Env, Reading, Skipped, System, get_system
 from .systems.base import kept_slots, prompt_ids
@@ -103,7 +103,7 @@ def run(cfg: EvalConfig, model: NuggetModel | None = None, full_model: NuggetMod
         for s in systems:
             s.close()
     results["tasks"] = dict(sorted(results["tasks"].items(), key=lambda kv: TASKS.index(kv[0])))
-    order = [*DEFAULT_SYSTEMS, *(s for s in SYSTEMS if s not in DEFAULT_SYSTEMS)]
+    order = list(SYSTEMS)
     results["systems"] = dict(sorted(results["systems"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     if cfg.out_dir is not None:
         from .report import write_outputs

@@ -1,16 +1,17 @@
-"""Compared systems, registered by name (as kvpress registers its presses). One file per system."""
+"""Compared systems, registered by name (as kvpress registers its presses). One file per system.
 
-from . import (  # noqa: F401  (importing registers)
-    compressive,
-    full,
-    llmlingua_style,
-    lmsumm,
-    nugget,
-    observed_attention,
-    peers,
-    snapkv,
-    truncation,
-)
+Importing a module registers its systems; this order is the order of the harness's tables and of "all systems".
+"""
+# isort: skip_file
+
+from . import full, truncation, compressive, observed_attention, snapkv, llmlingua_style, lmsumm, nugget  # noqa: F401
+from . import peers  # noqa: F401
 from .base import SYSTEMS, Env, Query, Reading, Skipped, System, get_system, prompt_ids, register
 
-__all__ = ["SYSTEMS", "Env", "Query", "Reading", "Skipped", "System", "get_system", "prompt_ids", "register"]
+__all__ = ["SYSTEMS", "Env", "Query", "Reading", "Skipped", "System", "get_system", "prompt_ids", "register",
+           "registered_systems"]
+
+
+def registered_systems() -> list[str]:
+    """Every registered system, in table order."""
+    return list(SYSTEMS)
