@@ -11,10 +11,10 @@ from nugget_rag.cli import build_parser, main
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.corpora import DataError
 from nugget_rag.model import NuggetModel
-from nugget_rag.train import objectives
+from nugget_rag.train import loss, objectives
 from nugget_rag.train.checkpoint import checkpoints
 from nugget_rag.train.cli import load_config
-from nugget_rag.train.config import TrainConfig
+from nugget_rag.train.config import Source, TrainConfig
 from nugget_rag.train.data import ExampleStream, Mixture
 from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
 
@@ -61,7 +61,7 @@ def test_each_objective_trains_exactly_its_parts(name, data, tmp_path):
     assert result.step == 4
     losses = [v for line in result.losses for k, v in line.items() if k.startswith("loss/")]
     assert len(losses) == 4 and all(0 < v < 20 for v in losses)
-    parts = objectives.PARTS[name]
+    parts = objectives.parts_of(Source.model_validate(source(name, data)))
     groups = {
         "encoder": [n for n in before if f".{ENCODER}." in n and "lora_" in n],
         "decoder": [n for n in before if f".{DECODER}." in n and "lora_" in n],
@@ -103,7 +103,7 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(data, tmp_path, mo
     sources = [source("autoencoding", data), source("qa", data)]
     straight = train(config(tmp_path / "a", sources, max_steps=6), tiny_model())
     calls = {"n": 0}
-    real_forward = objectives.ObjectiveLoss.forward
+    real_forward = loss.ObjectiveLoss.forward
 
     def dies_at_step_4(self, batch):
         calls["n"] += 1
@@ -111,10 +111,10 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(data, tmp_path, mo
             raise KeyboardInterrupt
         return real_forward(self, batch)
 
-    monkeypatch.setattr(objectives.ObjectiveLoss, "forward", dies_at_step_4)
+    monkeypatch.setattr(loss.ObjectiveLoss, "forward", dies_at_step_4)
     with pytest.raises(KeyboardInterrupt):
         train(config(tmp_path / "b", sources, max_steps=6), tiny_model())
-    monkeypatch.setattr(objectives.ObjectiveLoss, "forward", real_forward)
+    monkeypatch.setattr(loss.ObjectiveLoss, "forward", real_forward)
     assert [c.name for c in checkpoints(tmp_path / "b" / "run")] == ["checkpoint-2"]
     fresh = tiny_model()
     with torch.no_grad():  # weights must come from the checkpoint
@@ -303,3 +303,19 @@ def test_percentage_splits_leave_no_unit_out(tmp_path):
     for n in range(1, 80):
         parts = [[i for i in range(n) if split_filter(tmp_path / "c.txt", s)(i, n)] for s in ("train", "dev", "test")]
         assert sorted(sum(parts, [])) == list(range(n)), n
+
+
+def test_objectives_come_from_the_registry():
+    with pytest.raises(ValueError, match="unknown objective 'nope'; registered: autoencoding, continuation, qa"):
+        Source(objective="nope", path="x.json")
+
+    @objectives.register("test_only")
+    class TestOnly(objectives.Objective):
+        parts = objectives.Parts(encoder=True, decoder=False, scorer=True, soft_prompt=False)
+
+    try:
+        assert Source(objective="test_only", path="x.json").objective == "test_only"
+        with pytest.raises(ValueError, match="full_context applies to qa and summarization, not test_only"):
+            Source(objective="test_only", path="x.json", full_context=True)
+    finally:
+        objectives.OBJECTIVES.pop("test_only")

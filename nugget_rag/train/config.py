@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..config import NuggetConfig
 
-Objective = Literal["autoencoding", "continuation", "qa", "summarization"]
 Format = Literal["auto", "squad", "hotpotqa", "json", "jsonl", "parquet", "text", "hub"]
 
 
@@ -19,7 +18,8 @@ class Source(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    objective: Objective = Field(description="autoencoding | continuation | qa | summarization.")
+    objective: str = Field(description="A registered objective (train/objectives.py): autoencoding | continuation | "
+                                       "qa | summarization.")
     path: str = Field(description="A local file or folder, or a hub data set name (format=hub; needs network).")
     format: Format = Field("auto", description="File format; auto: from the suffix (SQuAD JSON is recognised).")
     split: Literal["train", "dev", "test"] | None = Field(
@@ -45,14 +45,26 @@ class Source(BaseModel):
     )
     streaming: bool = Field(False, description="Stream records (corpora larger than memory; hub or local files).")
 
+    @field_validator("objective")
+    @classmethod
+    def _check_objective(cls, value: str) -> str:
+        from .objectives import OBJECTIVES
+
+        if value not in OBJECTIVES:
+            raise ValueError(f"unknown objective {value!r}; registered: {', '.join(OBJECTIVES)}")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> Source:
         if self.split == "test":
             raise ValueError(f"source {self.path}: split='test' is reserved for evaluation; train on 'train'")
         if self.dev_split == "test":
             raise ValueError(f"source {self.path}: dev_split='test' would tune on the test part; use 'dev'")
-        if self.full_context and self.objective not in ("qa", "summarization"):
-            raise ValueError(f"source {self.path}: full_context applies to qa and summarization, not {self.objective}")
+        from .objectives import OBJECTIVES
+
+        if self.full_context and not OBJECTIVES[self.objective].full_context:
+            applies = [name for name, objective in OBJECTIVES.items() if objective.full_context]
+            raise ValueError(f"source {self.path}: full_context applies to {' and '.join(applies)}, not {self.objective}")
         return self
 
 

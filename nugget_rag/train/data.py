@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -30,13 +29,11 @@ from .. import corpora
 from ..config import nugget_count
 from ..layout import document_opening, prompt_around_documents
 from ..prompts import (
-    QA_PROMPT,
-    SUMMARY_PROMPT,
     chat_token_ids,
     full_context_messages,
-    render_instruction,
 )
 from .config import Lengths, Source
+from .objectives import OBJECTIVES, example, skip
 
 log = logging.getLogger(__name__)
 
@@ -146,19 +143,13 @@ class ExampleBuilder:
         self.max_positions, self.ratio, self.in_user_turn = max_positions, ratio, in_user_turn
         self.teacher_positions = None if source.full_context else teacher_positions
         self.opening = document_opening(tokenizer, in_user_turn)  # NuggetModel.document_opening
+        self.objective = OBJECTIVES[source.objective]
         self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._check_lengths()
 
     def _check_lengths(self) -> None:
         L, r = self.lengths, self.ratio
-        need = {
-            "continuation": sum(nugget_count(len(piece), r) for piece in
-                                _cut(list(range(L.document)), self.source.documents_per_example)) + L.query + L.answer,
-            "autoencoding": nugget_count(L.autoencoding, r) + 1 + L.autoencoding + len(self.eos),
-        }.get(self.source.objective, nugget_count(L.document, r) + L.answer + 64)
-        need += len(self.opening)
-        if self.source.full_context:
-            need = L.document + L.answer + 64
+        need = L.document + L.answer + 64 if self.source.full_context else len(self.opening) + self.objective.positions(self)
         if need > self.max_positions:
             raise ValueError(
                 f"lengths {L.model_dump()} at ratio {r} need {need} decoder positions for {self.source.objective}, "
@@ -174,94 +165,39 @@ class ExampleBuilder:
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         out = {c: [] for c in COLUMNS}
         rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
-        build = getattr(self, f"_{self.source.objective}")
         rng = random.Random(f"{self.seed}-{indices[0] if indices else 0}")
         for row in rows:
             try:
-                examples = build(row, rows, rng)
+                examples = self.objective.build(self, row, rows, rng)
             except KeyError as err:
-                examples = [_skip(f"missing field {err}")]
+                examples = [skip(f"missing field {err}")]
             if self.teacher_positions is not None:
-                examples = [_skip("teacher input longer than its positions")
+                examples = [skip("teacher input longer than its positions")
                             if not e["skip"] and teacher_length(e) > self.teacher_positions else e for e in examples]
             for ex in examples:
                 for c in COLUMNS:
                     out[c].append(ex[c])
         return out
 
-    def _ids(self, text: str) -> list[int]:
+    def ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    def _text(self, row: dict) -> str:
-        return row[self.source.text_field]
-
-    def _autoencoding(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
-        ids, size = self._ids(self._text(row)), self.lengths.autoencoding
-        chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
-        chunks = [c for c in chunks if len(c) >= self.lengths.min_document]
-        if not chunks:
-            return [_skip("too short")]
-        # the target ends with EOS: a reconstruction must learn to stop where the passage does
-        return [_example([c], c + self.eos, 0, [self.tok.decode(c)], self.opening) for c in chunks]
-
-    def _continuation(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
-        L = self.lengths
-        ids, window = self._ids(self._text(row)), L.document + L.query + L.answer
-        examples = []
-        for start in range(0, len(ids), window):
-            piece = ids[start : start + window]
-            answer = min(L.answer, (len(piece) - L.query) // 4)
-            document = len(piece) - L.query - answer
-            if answer < 1 or document < L.min_document:
-                continue
-            d, q, a = piece[:document], piece[document : document + L.query], piece[document + L.query :]
-            examples.append(_example(_cut(d, self.source.documents_per_example), q + a, len(q), [self.tok.decode(a)],
-                                     self.opening))
-        return examples or [_skip("too short")]
-
-    def _qa(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
-        src = self.source
-        if "documents" in row:  # HotpotQA: the record brings its own passages
-            docs = list(row["documents"])
-        else:
-            docs = [row["context"] if "context" in row else row[src.context_field]]
-            others = list({r.get("context", r.get(src.context_field)) for r in rows} - {docs[0], None})
-            others.sort()
-            rng.shuffle(others)
-            docs += others[: src.documents_per_example - 1]
-            rng.shuffle(docs)
-        question = row.get("question", row.get(src.question_field))
-        answers = row["answers"] if "answers" in row else row[src.answer_field]
-        answers = [answers] if isinstance(answers, str) else list(answers)
-        if question is None:
-            raise KeyError(src.question_field)
-        if not answers or not str(answers[0]).strip():
-            return [_skip("no answer")]
-        return [self._task(docs, render_instruction(QA_PROMPT, question), str(answers[0]), answers, extractive=True)]
-
-    def _summarization(self, row: dict, rows: list, rng: random.Random) -> list[dict]:
-        document = row["document"] if "document" in row else row[self.source.document_field]
-        summary = row["summary"] if "summary" in row else row[self.source.summary_field]
-        if not summary or not str(summary).strip():
-            return [_skip("no answer")]
-        return [self._task([document], SUMMARY_PROMPT, summary, [summary])]
-
-    def _task(self, documents: list[str], instruction: str, answer: str, references: list[str],
+    def task(self, documents: list[str], instruction: str, answer: str, references: list[str],
               extractive: bool = False) -> dict:
         """A (documents, prompt, answer) triple in NuggetLLM's prompt format; the loss covers the answer only.
 
         Documents are cut to `lengths.document` tokens; an extractive answer that the cut removed skips the
         example. An answer cut to `lengths.answer` tokens gets no EOS (it does not end there)."""
         L = self.lengths
-        full_ids = [self._ids(d) for d in documents]
+        full_ids = [self.ids(d) for d in documents]
         doc_ids = [d[: L.document] for d in full_ids if d]
         if not doc_ids or sum(map(len, doc_ids)) < L.min_document:
-            return _skip("empty document")
+            return skip("empty document")
         if extractive and any(len(d) > L.document for d in full_ids):
             kept = " ".join(self.tok.decode(d) for d in doc_ids)
             if not any(str(a).strip() in kept for a in references):
-                return _skip("answer cut off with the document")
-        answer_ids = self._ids(answer.strip())
+                return skip("answer cut off with the document")
+        answer_ids = self.ids(answer.strip())
         answer_ids = answer_ids[: L.answer] + (self.eos if len(answer_ids) <= L.answer else [])
         if self.source.full_context:
             texts = [self.tok.decode(d) for d in doc_ids]
@@ -272,28 +208,13 @@ class ExampleBuilder:
                                                      self.in_user_turn)
         nuggets = sum(nugget_count(len(d), self.ratio) for d in doc_ids)
         if len(prefix) + nuggets + len(prompt) + len(answer_ids) > self.max_positions:
-            return _skip("too long for the model's positions")
-        return _example(doc_ids, prompt + answer_ids, len(prompt), references, prefix)
-
-
-def _example(documents: list[list[int]], input_ids: list[int], target_start: int, references: list[str],
-             prefix: list[int] | None = None) -> dict:
-    return {"documents": documents, "prefix": prefix or [], "input_ids": input_ids, "target_start": target_start,
-            "references": references, "skip": ""}
+            return skip("too long for the model's positions")
+        return example(doc_ids, prompt + answer_ids, len(prompt), references, prefix)
 
 
 def teacher_length(example: dict) -> int:
     """Tokens of an example's uncompressed (teacher) input: prefix, every document's tokens, the decoder's tokens."""
     return len(example["prefix"]) + sum(len(d) for d in example["documents"]) + len(example["input_ids"])
-
-
-def _skip(reason: str) -> dict:
-    return {"documents": [], "prefix": [], "input_ids": [], "target_start": 0, "references": [], "skip": reason}
-
-
-def _cut(ids: list[int], pieces: int) -> list[list[int]]:
-    size = math.ceil(len(ids) / pieces)
-    return [ids[i : i + size] for i in range(0, len(ids), size)]
 
 
 def build_examples(source: Source, split: str | None, builder: ExampleBuilder, cache_dir: Path | None):
@@ -321,12 +242,7 @@ def build_examples(source: Source, split: str | None, builder: ExampleBuilder, c
 
 
 def _check_fields(source: Source, record: dict) -> None:
-    needs = {
-        "autoencoding": [source.text_field], "continuation": [source.text_field],
-        "summarization": [("document", source.document_field), ("summary", source.summary_field)],
-        "qa": [("context", "documents", source.context_field), ("question", source.question_field),
-               ("answers", source.answer_field)],
-    }[source.objective]
+    needs = OBJECTIVES[source.objective].fields(source)
     for need in needs:
         options = (need,) if isinstance(need, str) else need
         if not any(o in record for o in options):

@@ -1,17 +1,21 @@
-"""The training objectives of paper Sec. 2.4 as one loss module: which parts train, and how a batch is read."""
+"""The training objectives (paper Sec. 2.4), registered by name like the eval systems: what each trains, which
+fields its records need, how many decoder positions it takes, how a record becomes examples, and how generated text
+is scored at evaluation. Adding one is one class here (the examples it builds use the shapes in data.py)."""
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch import nn
+from ..config import nugget_count
+from ..metrics import answer_correct, bleu, rouge
+from ..prompts import QA_PROMPT, SUMMARY_PROMPT, render_instruction
 
-from ..config import DECODER
-from ..model import NuggetModel
-from .config import Distillation, Source
-from .data import Batch
-from .distill import Teacher, kl_loss
+if TYPE_CHECKING:
+    from .config import Source
+    from .data import ExampleBuilder
 
 
 @dataclass(frozen=True)
@@ -24,62 +28,176 @@ class Parts:
     soft_prompt: bool
 
 
-PARTS = {
-    # the decoder reconstructs the document after the soft prompt; everything trains
-    "autoencoding": Parts(encoder=True, decoder=True, scorer=True, soft_prompt=True),
-    # the decoder predicts a from nuggets(d) and q; the decoder side stays frozen so the LM keeps its skills
-    "continuation": Parts(encoder=True, decoder=False, scorer=True, soft_prompt=False),
-    # (document, prompt, answer) triples in NuggetLLM's prompt format; everything the task reads trains
-    "qa": Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False),
-    "summarization": Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False),
-    # the uncompressed reference: the document as text in the prompt, decoder adapter only
-    "full_context": Parts(encoder=False, decoder=True, scorer=False, soft_prompt=False),
-}
+FULL_CONTEXT_PARTS = Parts(encoder=False, decoder=True, scorer=False, soft_prompt=False)  # the uncompressed reference
+
+
+class Objective:
+    """One objective. `generate_tokens`: the answer length at evaluation (None: no generation is scored)."""
+
+    name: ClassVar[str] = ""
+    parts: ClassVar[Parts]
+    soft_prompt: ClassVar[bool] = False  # the decoder reads the soft prompt, then predicts from the first token
+    generate_tokens: ClassVar[int | None] = None
+    full_context: ClassVar[bool] = False  # whether the uncompressed reference (full_context=True) applies
+
+    def fields(self, source: Source) -> list[tuple[str, ...]]:
+        """Record fields it needs, each as the names that may hold it."""
+        return [(source.text_field,)]
+
+    def positions(self, builder: ExampleBuilder) -> int:
+        """Decoder positions an example may take (nuggets and tokens, without the prompt opening)."""
+        L = builder.lengths
+        return nugget_count(L.document, builder.ratio) + L.answer + 64
+
+    def build(self, builder: ExampleBuilder, row: dict, rows: list[dict], rng: random.Random) -> list[dict]:
+        raise NotImplementedError
+
+    def score(self, outputs: list[str], references: list[list[str]]) -> dict[str, float]:
+        """Metrics of generated `outputs` against each example's references."""
+        return {}
+
+
+OBJECTIVES: dict[str, Objective] = {}
+
+
+def register(name: str):
+    """Class decorator: make an Objective available to `--data NAME:PATH` under `name`."""
+
+    def wrap(cls: type[Objective]) -> type[Objective]:
+        if name in OBJECTIVES and type(OBJECTIVES[name]) is not cls:
+            raise ValueError(f"an objective named {name!r} is already registered")
+        cls.name = name
+        OBJECTIVES[name] = cls()
+        return cls
+
+    return wrap
 
 
 def parts_of(source: Source) -> Parts:
-    return PARTS["full_context" if source.full_context else source.objective]
+    return FULL_CONTEXT_PARTS if source.full_context else OBJECTIVES[source.objective].parts
 
 
-def compress_batch(model: NuggetModel, batch: Batch, source: Source) -> list[list]:
-    """The nuggets of every example's documents (none for the full-context reference), in one encoder batch, at
-    the batch's ratio."""
-    if source.full_context:
-        return [[] for _ in batch.documents]
-    states = iter(model.compress([doc for docs in batch.documents for doc in docs], ratio=batch.ratio))
-    return [[next(states) for _ in docs] for docs in batch.documents]
+@register("autoencoding")
+class Autoencoding(Objective):
+    """The decoder reconstructs the document after the soft prompt (a measure of what nuggets keep); all trains."""
+
+    parts = Parts(encoder=True, decoder=True, scorer=True, soft_prompt=True)
+    soft_prompt = True
+    generate_tokens = 0  # the reference's length
+
+    def positions(self, builder: ExampleBuilder) -> int:
+        size = builder.lengths.autoencoding
+        return nugget_count(size, builder.ratio) + 1 + size + len(builder.eos)
+
+    def build(self, builder, row, rows, rng):
+        ids, size = builder.ids(row[builder.source.text_field]), builder.lengths.autoencoding
+        chunks = [c for c in (ids[i : i + size] for i in range(0, len(ids), size)) if len(c) >= builder.lengths.min_document]
+        if not chunks:
+            return [skip("too short")]
+        # the target ends with EOS: a reconstruction must learn to stop where the passage does
+        return [example([c], c + builder.eos, 0, [builder.tok.decode(c)], builder.opening) for c in chunks]
+
+    def score(self, outputs, references):
+        return {"bleu": round(bleu(outputs, [r[0] for r in references]), 2)}
 
 
-class ObjectiveLoss(nn.Module):
-    """forward(batch) -> loss of the batch's objective (a module, so Accelerate/DDP can wrap it).
+@register("continuation")
+class Continuation(Objective):
+    """The decoder predicts a text's next tokens from the nuggets of its start and a few plain tokens; the decoder
+    side stays frozen so that the LM keeps its skills."""
 
-    With distillation, the loss is (1 - w) CE + w KL to the teacher; `terms` holds the last batch's CE and KL.
-    """
+    parts = Parts(encoder=True, decoder=False, scorer=True, soft_prompt=False)
 
-    def __init__(self, model: NuggetModel, sources: list[Source], distill: Distillation | None = None,
-                 teacher: Teacher | None = None):
-        super().__init__()
-        self.model = model
-        self.sources = sources
-        self.distill = distill if distill is not None and distill.weight > 0 else None
-        if self.distill is not None and teacher is None:
-            teacher = Teacher(model)
-        self.teacher = teacher
-        self.terms: dict[str, float] = {}
+    def positions(self, builder: ExampleBuilder) -> int:
+        L = builder.lengths
+        pieces = cut(list(range(L.document)), builder.source.documents_per_example)
+        return sum(nugget_count(len(piece), builder.ratio) for piece in pieces) + L.query + L.answer
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        source = self.sources[batch.source]
-        self.model.set_trainable(**vars(parts_of(source)))
-        device = self.model.device
-        samples = compress_batch(self.model, batch, source)
-        soft_prompt = source.objective == "autoencoding"
-        out = self.model.decode(
-            samples, batch.input_ids.to(device), batch.token_mask.to(device), labels=batch.labels.to(device),
-            soft_prompt=soft_prompt, adapter=DECODER, return_logits=False, prefixes=batch.prefixes,
-        )
-        if self.distill is None or source.full_context:
-            self.terms = {"ce": float(out.loss.detach())}
-            return out.loss
-        kl = kl_loss(out.target_logits, self.teacher.target_logits(batch, soft_prompt), self.distill)
-        self.terms = {"ce": float(out.loss.detach()), "kl": float(kl.detach())}
-        return (1 - self.distill.weight) * out.loss + self.distill.weight * kl
+    def build(self, builder, row, rows, rng):
+        L = builder.lengths
+        ids, window = builder.ids(row[builder.source.text_field]), L.document + L.query + L.answer
+        examples = []
+        for start in range(0, len(ids), window):
+            piece = ids[start : start + window]
+            answer = min(L.answer, (len(piece) - L.query) // 4)
+            document = len(piece) - L.query - answer
+            if answer < 1 or document < L.min_document:
+                continue
+            d, q, a = piece[:document], piece[document : document + L.query], piece[document + L.query :]
+            examples.append(example(cut(d, builder.source.documents_per_example), q + a, len(q),
+                                    [builder.tok.decode(a)], builder.opening))
+        return examples or [skip("too short")]
+
+
+@register("qa")
+class QuestionAnswering(Objective):
+    """(passages, question, answer) in NuggetLLM's prompt; other passages of the batch join as distractors."""
+
+    parts = Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False)
+    generate_tokens = 64
+    full_context = True
+
+    def fields(self, source):
+        return [("context", "documents", source.context_field), ("question", source.question_field),
+                ("answers", source.answer_field)]
+
+    def build(self, builder, row, rows, rng):
+        src = builder.source
+        if "documents" in row:  # HotpotQA: the record brings its own passages
+            docs = list(row["documents"])
+        else:
+            docs = [row["context"] if "context" in row else row[src.context_field]]
+            others = sorted({r.get("context", r.get(src.context_field)) for r in rows} - {docs[0], None})
+            rng.shuffle(others)
+            docs += others[: src.documents_per_example - 1]
+            rng.shuffle(docs)
+        question = row.get("question", row.get(src.question_field))
+        answers = row["answers"] if "answers" in row else row[src.answer_field]
+        answers = [answers] if isinstance(answers, str) else list(answers)
+        if question is None:
+            raise KeyError(src.question_field)
+        if not answers or not str(answers[0]).strip():
+            return [skip("no answer")]
+        return [builder.task(docs, render_instruction(QA_PROMPT, question), str(answers[0]), answers, extractive=True)]
+
+    def score(self, outputs, references):
+        correct = [answer_correct(o, r) for o, r in zip(outputs, references)]
+        return {"accuracy": round(100 * sum(correct) / len(correct), 2)}
+
+
+@register("summarization")
+class Summarization(Objective):
+    """(article, summary instruction, summary), as CNN/DailyMail."""
+
+    parts = Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False)
+    generate_tokens = 128
+    full_context = True
+
+    def fields(self, source):
+        return [("document", source.document_field), ("summary", source.summary_field)]
+
+    def build(self, builder, row, rows, rng):
+        document = row["document"] if "document" in row else row[builder.source.document_field]
+        summary = row["summary"] if "summary" in row else row[builder.source.summary_field]
+        if not summary or not str(summary).strip():
+            return [skip("no answer")]
+        return [builder.task([document], SUMMARY_PROMPT, summary, [summary])]
+
+    def score(self, outputs, references):
+        return {"rougeL": round(rouge(outputs, [r[0] for r in references])["rougeL"], 2)}
+
+
+# ------------------------------------------------------------------ example shapes (data.py describes them)
+def example(documents: list[list[int]], input_ids: list[int], target_start: int, references: list[str],
+            prefix: list[int] | None = None) -> dict:
+    return {"documents": documents, "prefix": prefix or [], "input_ids": input_ids, "target_start": target_start,
+            "references": references, "skip": ""}
+
+
+def skip(reason: str) -> dict:
+    return {"documents": [], "prefix": [], "input_ids": [], "target_start": 0, "references": [], "skip": reason}
+
+
+def cut(ids: list[int], pieces: int) -> list[list[int]]:
+    size = math.ceil(len(ids) / pieces)
+    return [ids[i : i + size] for i in range(0, len(ids), size)]

@@ -25,13 +25,13 @@ from ..checkpoint_files import DEFAULT_CHECKPOINT, checkpoint_config, default_ch
 from ..config import DECODER
 from ..files import write_atomic
 from ..generation import GenerationSettings, generate
-from ..metrics import answer_correct, bleu, rouge
 from ..model import NuggetModel
 from . import checkpoint
 from .config import Source, TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
 from .distill import Teacher
-from .objectives import ObjectiveLoss, compress_batch
+from .loss import ObjectiveLoss, compress_batch
+from .objectives import OBJECTIVES
 from .warm_start import warm_start_scorer
 
 log = logging.getLogger(__name__)
@@ -336,31 +336,23 @@ class Trainer:
         return line
 
     def _generation_scores(self, name: str, source: Source, examples: list[dict], index: int) -> dict:
-        model, pad = self.model, self.model.tokenizer.pad_token_id
-        if source.objective == "continuation":
+        model, pad, objective = self.model, self.model.tokenizer.pad_token_id, OBJECTIVES[source.objective]
+        if objective.generate_tokens is None:
             return {}
-        scores: dict[str, float] = {}
         outputs, references = [], []
         for start in range(0, len(examples), self.config.batch_size):
             batch: Batch = collate(examples[start : start + self.config.batch_size], index, pad)
             samples = compress_batch(model, batch, source)
-            if source.objective == "autoencoding":
+            if objective.soft_prompt:  # the output follows the soft prompt: the reference's length and a margin
                 prompts = [[] for _ in samples]
                 settings = GenerationSettings(max_new_tokens=max(int(batch.token_mask.sum(1).max()) + 8, 8))
             else:
                 prompts = [ids[:t].tolist() for ids, t in zip(batch.input_ids, batch.target_starts)]
-                settings = GenerationSettings(max_new_tokens=64 if source.objective == "qa" else 128)
-            outputs += generate(model, samples, prompts, settings, soft_prompt=source.objective == "autoencoding",
+                settings = GenerationSettings(max_new_tokens=objective.generate_tokens)
+            outputs += generate(model, samples, prompts, settings, soft_prompt=objective.soft_prompt,
                                 prefixes=batch.prefixes)
             references += batch.references
-        if source.objective == "autoencoding":
-            scores[f"{name}/bleu"] = round(bleu(outputs, [r[0] for r in references]), 2)
-        elif source.objective == "qa":
-            correct = [answer_correct(o, r) for o, r in zip(outputs, references)]
-            scores[f"{name}/accuracy"] = round(100 * sum(correct) / len(correct), 2)
-        else:
-            scores[f"{name}/rougeL"] = round(rouge(outputs, [r[0] for r in references])["rougeL"], 2)
-        return scores
+        return {f"{name}/{metric}": value for metric, value in objective.score(outputs, references).items()}
 
     # ------------------------------------------------------------------ output
     def _metric(self, line: dict) -> None:
