@@ -24,15 +24,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
+
+try:
+    import faiss
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+except ImportError as err:  # a core install: retrieval is an extra
+    raise ImportError(f"{err.name} is not installed: nugget-rag's FAISS retrieval needs its [retrieval] extra "
+                      "(pip install 'nugget-rag[retrieval]')") from err
 from filelock import FileLock, Timeout
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnablePassthrough
-from langchain_text_splitters import RecursiveCharacterTextSplitter
 from tqdm.auto import tqdm
 
 from nugget_rag.base_model import quiet_loading

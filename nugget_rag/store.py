@@ -98,8 +98,12 @@ class NuggetStore:
 
         The server is checked now: if it cannot be reached, a StoreUnavailableError names the URL.
         """
-        from langchain_community.storage import RedisStore
-
+        try:
+            import redis  # noqa: F401  (RedisStore needs it)
+            from langchain_community.storage import RedisStore
+        except ImportError as err:
+            raise ImportError(f"{err.name} is not installed: a Redis store needs nugget-rag's [redis] extra "
+                              "(pip install 'nugget-rag[redis]')") from err
         byte_store = RedisStore(redis_url=url, namespace=namespace, ttl=ttl)
         try:
             byte_store.client.ping()

@@ -20,8 +20,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
 import numpy as np
+
+try:
+    import datasets
+except ImportError as err:  # a core install: training is an extra
+    raise ImportError("datasets is not installed: nugget-rag's training needs its [train] extra "
+                      "(pip install 'nugget-rag[train]')") from err
 import torch
 from transformers import PreTrainedTokenizerBase
 
