@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from .checkpoint_files import DEFAULT_CHECKPOINT
 from .config import NuggetConfig
 from .model import NuggetModel
-from .state import NuggetState
+from .state import KVFormat, NuggetState
 from .store import NuggetStore
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,9 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
     ratio: float | None = Field(None, description="Compression ratio r; default: the model's.")
     batch_size: int = Field(8, ge=1, description="Documents compressed in one forward pass.")
     segment_tokens: int | None = Field(None, ge=1, description="Longer documents are split (default: model positions).")
+    kv_format: KVFormat = Field("bfloat16", description="How nugget keys/values are kept and stored: bfloat16 (half "
+                                "of float32's bytes), float16, float32, or int8 (a quarter; keys per channel, values "
+                                "per token). A state stored in another format is read as it is.")
     show_progress: bool = False
 
     @field_validator("ratio", mode="before")
@@ -148,8 +151,8 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
                     [tokenized[t] for t in chunk], ratio=self.effective_ratio, segment_tokens=self.segment_tokens
                 )
             for text, state in zip(chunk, states):
-                self.store.put(text, state)
-                found[text] = state
+                found[text] = state.compact(self.kv_format)  # as it will be read back from the store
+                self.store.put(text, found[text])
         computed = set(missing)
         return [Compressed(self.store.key(t, fingerprint), found[t], t not in computed) for t in texts]
 

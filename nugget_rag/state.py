@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-FORMAT = "nugget-rag/state-v1"
+FORMAT = "nugget-rag/state-v2"
+READABLE_FORMATS = ("nugget-rag/state-v1", FORMAT)  # v1: float32 keys and values, no kv_format
+KVFormat = Literal["float32", "bfloat16", "float16", "int8"]
+KV_FORMATS: tuple[str, ...] = ("float32", "bfloat16", "float16", "int8")
+_FLOAT_FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class CorruptStateError(ValueError):
@@ -27,6 +32,8 @@ class NuggetState:
     scores: [k] the Scorer's scores at those positions (they carry the gradient while training).
     n: the document's length in tokens; fingerprint: what produced the state ("<base model digest>:<digest of
     adapter, Scorer, r, ...>", `NuggetModel.fingerprint`); a decoder reads only states of its own base model.
+    kv_format: how keys and values are stored (`compact`): None (as the tensors are), a float dtype, or int8 (keys
+    quantised per channel, values per token, as KIVI does; held dequantised in float32 in memory).
     """
 
     keys: torch.Tensor
@@ -36,6 +43,7 @@ class NuggetState:
     tokens: list[str]
     n: int
     fingerprint: str
+    kv_format: str | None = None
 
     @property
     def k(self) -> int:
@@ -46,26 +54,42 @@ class NuggetState:
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.positions, self.scores))
 
     def detach(self) -> NuggetState:
-        return NuggetState(
-            self.keys.detach(), self.values.detach(), self.positions, self.scores.detach(),
-            self.tokens, self.n, self.fingerprint,
-        )
+        return replace(self, keys=self.keys.detach(), values=self.values.detach(), scores=self.scores.detach())
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> NuggetState:
-        return NuggetState(
-            self.keys.to(device, dtype), self.values.to(device, dtype), self.positions.to(device),
-            self.scores.to(device), self.tokens, self.n, self.fingerprint,
-        )
+        """On `device`, keys and values cast to `dtype` (the decoder's; kv_format says how they were stored)."""
+        return replace(self, keys=self.keys.to(device, dtype), values=self.values.to(device, dtype),
+                       positions=self.positions.to(device), scores=self.scores.to(device))
+
+    def compact(self, kv_format: str) -> NuggetState:
+        """This state as it is stored and read back in `kv_format`: float formats are a cast; int8 quantises keys
+        per channel and values per token (absmax scales) and dequantises them, so that a state used right away and
+        one read from the store are the same."""
+        if kv_format not in KV_FORMATS:
+            raise ValueError(f"unknown kv_format {kv_format!r}; use one of {', '.join(KV_FORMATS)}")
+        keys, values = self.keys.detach(), self.values.detach()
+        if kv_format == "int8":
+            keys, values = _dequantize(*_quantize(keys, dim=2)), _dequantize(*_quantize(values, dim=3))
+        else:
+            keys, values = keys.to(_FLOAT_FORMATS[kv_format]), values.to(_FLOAT_FORMATS[kv_format])
+        return replace(self, keys=keys, values=values, scores=self.scores.detach(), kv_format=kv_format)
 
     def to_bytes(self) -> bytes:
-        """Safetensors bytes; the metadata names the fingerprint and a digest of the tensor data."""
+        """Safetensors bytes in the state's kv_format; the metadata names the fingerprint and a digest of the data."""
         tensors = {
-            "keys": self.keys.detach().contiguous().cpu(),
-            "values": self.values.detach().contiguous().cpu(),
             "positions": self.positions.detach().contiguous().cpu(),
             "scores": self.scores.detach().float().contiguous().cpu(),
         }
-        meta = {"format": FORMAT, "n": str(self.n), "fingerprint": self.fingerprint, "tokens": json.dumps(self.tokens)}
+        keys, values = self.keys.detach().cpu(), self.values.detach().cpu()
+        if self.kv_format == "int8":
+            (tensors["keys"], tensors["key_scales"]), (tensors["values"], tensors["value_scales"]) = (
+                _quantize(keys, dim=2), _quantize(values, dim=3))
+        else:
+            tensors["keys"], tensors["values"] = keys, values
+        tensors = {name: t.contiguous() for name, t in tensors.items()}
+        kv_format = "int8" if self.kv_format == "int8" else str(keys.dtype).removeprefix("torch.")
+        meta = {"format": FORMAT, "kv_format": kv_format, "n": str(self.n), "fingerprint": self.fingerprint,
+                "tokens": json.dumps(self.tokens)}
         meta["digest"] = _digest(tensors, meta)
         return save_tensors(tensors, metadata=meta)
 
@@ -75,19 +99,36 @@ class NuggetState:
         try:
             meta = _read_metadata(data)
             tensors = load_tensors(data)
-            if meta.get("format") != FORMAT:
-                raise CorruptStateError(f"format {meta.get('format')!r} is not {FORMAT!r}")
+            if meta.get("format") not in READABLE_FORMATS:
+                raise CorruptStateError(f"format {meta.get('format')!r} is none of {', '.join(READABLE_FORMATS)}")
             if meta.get("digest") != _digest(tensors, meta):
                 raise CorruptStateError("content does not match its digest")
+            kv_format = meta.get("kv_format", "float32")
+            if kv_format not in KV_FORMATS:
+                raise CorruptStateError(f"unknown kv_format {kv_format!r}")
+            keys, values = tensors["keys"], tensors["values"]
+            if kv_format == "int8":
+                keys, values = _dequantize(keys, tensors["key_scales"]), _dequantize(values, tensors["value_scales"])
             tokens = json.loads(meta["tokens"])
-            state = cls(tensors["keys"], tensors["values"], tensors["positions"], tensors["scores"],
-                        tokens, int(meta["n"]), meta["fingerprint"])
+            state = cls(keys, values, tensors["positions"], tensors["scores"], tokens, int(meta["n"]),
+                        meta["fingerprint"], kv_format)
             _check_shapes(state)
         except CorruptStateError:
             raise
         except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, IndexError, RuntimeError) as err:
             raise CorruptStateError(f"not a readable nugget state ({err})") from err
         return state
+
+
+def _quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes of `x` and float32 absmax scales, one per slice along `dim` (reduced over it)."""
+    x = x.float()
+    scale = (x.abs().amax(dim=dim, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    return (x / scale).round().clamp(-127, 127).to(torch.int8), scale
+
+
+def _dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return codes.float() * scale
 
 
 def _check_shapes(state: NuggetState) -> None:

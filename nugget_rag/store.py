@@ -8,6 +8,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -192,5 +193,5 @@ def _cpu_copy(state: NuggetState) -> NuggetState:
     def copy(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to("cpu", copy=True)
 
-    return NuggetState(copy(state.keys), copy(state.values), copy(state.positions), copy(state.scores),
-                       list(state.tokens), state.n, state.fingerprint)
+    return replace(state, keys=copy(state.keys), values=copy(state.values), positions=copy(state.positions),
+                   scores=copy(state.scores), tokens=list(state.tokens))

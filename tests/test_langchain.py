@@ -4,6 +4,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import torch
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
@@ -332,3 +333,14 @@ def test_from_pretrained_takes_every_compressor_field_and_a_byte_store(tmp_path)
         NuggetCompressor.from_pretrained(None, base_model=tiny_base(), store={})
     with pytest.raises(ValueError, match="pass one"):
         NuggetCompressor.from_pretrained(None, base_model=tiny_base(), store=store, store_dir=tmp_path)
+
+
+@pytest.mark.parametrize("kv_format", ["bfloat16", "int8"])
+def test_compressor_uses_states_exactly_as_the_store_gives_them_back(tmp_path, kv_format):
+    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    fresh = NuggetCompressor(model=model, store=NuggetStore(directory=tmp_path), kv_format=kv_format).states(TEXTS)
+    again = NuggetCompressor(model=model, store=NuggetStore(directory=tmp_path), kv_format=kv_format).states(TEXTS)
+    for a, b in zip(fresh, again):
+        assert a.kv_format == b.kv_format == kv_format
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert NuggetCompressor(model=model).kv_format == "bfloat16"

@@ -298,3 +298,41 @@ def test_well_digested_but_malformed_entries_are_corrupt(bad):
         data = save_tensors({**tensors, "positions": torch.tensor(3)}, metadata={**meta, "digest": "0" * 64})
     with pytest.raises(CorruptStateError):
         NuggetState.from_bytes(data)
+
+
+@pytest.mark.parametrize("kv_format", ["float32", "bfloat16", "float16", "int8"])
+def test_compact_formats_round_trip_exactly_and_shrink_the_bytes(kv_format):
+    g = torch.Generator().manual_seed(0)
+    k = 64
+    state = NuggetState(torch.randn(4, 2, k, 16, generator=g), torch.randn(4, 2, k, 16, generator=g), torch.arange(k),
+                        torch.randn(k, generator=g), ["t"] * k, 10 * k, "fp")
+    compact = state.compact(kv_format)
+    read = NuggetState.from_bytes(compact.to_bytes())
+    assert read.kv_format == kv_format and torch.equal(read.keys, compact.keys) and torch.equal(read.values, compact.values)
+    assert torch.allclose(read.keys.float(), state.keys, atol=0.05 * float(state.keys.abs().max()))
+    size, full = len(compact.to_bytes()), len(state.to_bytes())
+    tensor_bytes = 2 * state.keys.numel() * 4
+    saved = {"float32": 0, "bfloat16": tensor_bytes / 2, "float16": tensor_bytes / 2, "int8": tensor_bytes * 3 / 4}
+    assert size <= full - saved[kv_format] * 0.9  # scales and metadata cost little
+
+
+def test_states_of_the_first_format_still_load():
+    """A state written before kv_format existed (format v1, float32) reads as float32."""
+    import json
+
+    from safetensors.torch import save as save_tensors
+
+    from nugget_rag.state import _digest
+
+    state = make_state("fp")
+    tensors = {"keys": state.keys, "values": state.values, "positions": state.positions, "scores": state.scores}
+    meta = {"format": "nugget-rag/state-v1", "n": str(state.n), "fingerprint": "fp", "tokens": json.dumps(state.tokens)}
+    meta["digest"] = _digest(tensors, meta)
+    read = NuggetState.from_bytes(save_tensors(tensors, metadata=meta))
+    assert read.kv_format == "float32" and torch.equal(read.keys, state.keys)
+    with pytest.raises(CorruptStateError, match="unknown kv_format"):
+        meta = {**meta, "format": "nugget-rag/state-v2", "kv_format": "int3"}
+        meta["digest"] = _digest(tensors, {k: v for k, v in meta.items() if k != "digest"})
+        NuggetState.from_bytes(save_tensors(tensors, metadata=meta))
+    with pytest.raises(ValueError, match="unknown kv_format 'int3'"):
+        state.compact("int3")

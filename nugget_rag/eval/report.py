@@ -135,6 +135,14 @@ def _speed_table(speed: dict) -> list[str]:
                 f"{e['decode_s_per_token'] * 1000:.1f} | {e['kv_reduction_docs']:.1f}x | "
                 f"{e['compress_tokens_per_s']:.0f} | {e['store_hit_memory_s'] * 1000:.2f} / "
                 f"{e['store_hit_disk_s'] * 1000:.2f} |")
+    sizes = [(row["documents"], ratio, e["stored_bytes_per_token"]) for row in speed["rows"]
+             for ratio, e in row["nugget"].items() if "stored_bytes_per_token" in e]
+    if sizes:
+        formats = list(sizes[0][2])
+        out += ["", "Stored bytes per document token (the whole serialised state, by key/value format; ratio to "
+                "float32):", "", "| documents | r | " + " | ".join(formats) + " |", "|---|---|" + "---|" * len(formats)]
+        out += [f"| {docs} | {ratio} | " + " | ".join(f"{b[f]:.0f} ({b[f] / b['float32']:.2f}x)" for f in formats) + " |"
+                for docs, ratio, b in sizes]
     for row in speed["rows"]:
         if "full_skipped" in row:
             out.append(f"\nFull at {row['documents']} documents: not run, {row['full_skipped']} "

@@ -26,6 +26,7 @@ from .. import generation
 from ..corpora import read_documents
 from ..generation import GenerationSettings, stream_generate
 from ..prompts import QA_PROMPT, chat_token_ids, full_context_messages
+from ..state import KV_FORMATS
 from ..store import NuggetStore
 from .systems.base import Env
 
@@ -153,6 +154,8 @@ def run_speed(env: Env, cfg) -> dict:
                           for s in states)
             entry = {
                 "nuggets": nuggets, "ttft_s": median(firsts[1:]), "decode_s_per_token": median(per_token[1:]),
+                "stored_bytes_per_token": {fmt: sum(len(s.compact(fmt).to_bytes()) for s in states) / row["doc_tokens"]
+                                           for fmt in KV_FORMATS},
                 "kv_bytes_docs": kv_docs, "kv_bytes_total": kv_docs + _kv_bytes(model, nugget_tokens),
                 "compress_tokens_per_s": row["doc_tokens"] / median(compress_times[1:]),
                 "store_hit_memory_s": median(hit_memory[1:]), "store_hit_disk_s": median(hit_disk[1:]),

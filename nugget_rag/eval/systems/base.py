@@ -107,7 +107,8 @@ class System:
     `uses_ratio` False: the system does not compress (Full, NoDoc) and runs once per task, reported as r = 1 or
     no document. `kinds`: the task kinds it supports (others are reported as n/a). `reimplementation`: True for
     a re-implementation of a peer method (its label says so). `reference`: results that are not comparable as
-    a cached compressor (query-aware selection cannot be cached across questions).
+    a cached compressor (query-aware selection cannot be cached across questions). `in_default`: False for a
+    variant that runs only when named (not in "all systems").
     """
 
     name: ClassVar[str] = ""
@@ -117,6 +118,7 @@ class System:
     reimplementation: ClassVar[bool] = False
     reference: ClassVar[bool] = False
     description: ClassVar[str] = ""
+    in_default: ClassVar[bool] = True
 
     def available(self, env: Env) -> str | None:
         """None when the system can run here, else the reason it cannot (reported, the run goes on)."""
