@@ -84,7 +84,8 @@ def test_the_shipped_checkpoint_is_loaded_by_default(compressor):
 
 def test_nuggets_in_the_user_turn_take_the_documents_place_in_fulls_prompt(compressor):
     """With SmolLM2's template (a default system turn): opening + document + rest is Full's prompt, token for token."""
-    from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages, prompt_around_documents
+    from nugget_rag.layout import prompt_around_documents
+    from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages
 
     tok = compressor.model.tokenizer
     instruction = QA_PROMPT.format(question="When was it completed?")
