@@ -50,6 +50,13 @@ class NuggetConfig(BaseModel):
         "documents' text in Full's prompt (after the chat template's opening, which the decoder runs first); "
         "before_prompt, ahead of the whole prompt (checkpoints written before this field existed).",
     )
+    nugget_positions: Literal["renumbered", "original"] = Field(
+        "renumbered",
+        description="Where the decoder places the nuggets it reads: renumbered, one after another over all documents "
+        "(the position budget goes to nuggets: r times more document text fits); original, each at its place in its "
+        "document, the documents laid end to end (as key/value eviction methods keep them; documents must fit the "
+        "positions as text).",
+    )
     soft_prompt_tokens: int = Field(
         1, ge=0, description="Trainable soft tokens put before the decoder's text in autoencoding."
     )

@@ -122,8 +122,8 @@ def stream_generate(
     input_ids, token_mask = model._pad(prompts, left=True)
     layout = model.layout(samples, prefixes, adapter)
     embeds, token_mask = model.embed(input_ids, token_mask, soft_prompt)
-    model.check_positions(int(layout.counts.max()), embeds.shape[1] + 1)  # room for one new token at least
-    budget = model.max_positions - int(layout.counts.max()) - embeds.shape[1]
+    model.check_positions(int(layout.next_positions.max()), embeds.shape[1] + 1)  # room for one new token at least
+    budget = model.max_positions - int(layout.next_positions.max()) - embeds.shape[1]
     steps = min(settings.max_new_tokens, budget)
     if steps < settings.max_new_tokens:
         log.warning("max_new_tokens=%d cut to %d: the states and prompt take the rest of the model's %d positions",
@@ -134,7 +134,7 @@ def stream_generate(
     cache = DynamicCache()
     processors = settings.logits_processors()
     generated = torch.zeros(len(prompts), 0, dtype=torch.long, device=model.device)
-    positions = decoder_positions(layout.counts, token_mask)
+    positions = decoder_positions(layout.next_positions, token_mask)
     for step in range(steps):
         # The model is shared: `run` holds it for one step, never across a yield, so that other calls (another
         # stream, a compression) interleave with a paused stream instead of waiting for it. The KV cache is ours.

@@ -9,7 +9,9 @@ sequences. The encoder, the decoder, generation, training data, the eval systems
 - When documents are read, the decoder first runs the prompt's prefix (by default that opening; h tokens) at
   0..h-1; the nuggets follow, renumbered in the order given, h..h+K-1 over all documents (each key's rotary phase
   is shifted to its new position, an exact rotation: `compose`), then the rest of the prompt at h+K, h+K+1, ...
-  (`decoder_positions`). So documents compose in any number and order, and the position budget
+  (`decoder_positions`). With `nugget_positions="original"` each nugget keeps its place in its document instead,
+  the documents laid end to end (document i's tokens at h + n_1 + ... + n_(i-1) + 0..n_i-1), and the prompt
+  continues after the last document's last token. So documents compose in any number and order, and the position budget
   (`check_positions`) is spent on nuggets, not on the original tokens. With r = 1, one document and adapters off
   this is exactly the base model reading Full's prompt (opening, document, rest of the prompt).
 """
@@ -132,6 +134,7 @@ class NuggetLayout:
     values: torch.Tensor
     bias: torch.Tensor  # [batch, K]: straight-through term (paper Eq. 18), -inf on padding
     counts: torch.Tensor  # [batch]: real nuggets per sample
+    next_positions: torch.Tensor  # [batch]: the position of each sample's first token after its states
 
     def reader(self, token_mask: torch.Tensor, query_len: int) -> ReadNuggets:
         return ReadNuggets(self.keys, self.values, self.bias, token_mask, query_len)
@@ -143,14 +146,18 @@ def no_states(config, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.zeros(config.num_hidden_layers, config.num_key_value_heads, 0, head_dim, dtype=dtype, device=device)
 
 
-def compose(samples: Sequence[Sequence[NuggetState]], empty: torch.Tensor, inv_freq: torch.Tensor) -> NuggetLayout:
-    """Each sample's states (prompt prefix first, then documents) concatenated in order at positions 0, 1, ...
+def compose(samples: Sequence[Sequence[NuggetState]], empty: torch.Tensor, inv_freq: torch.Tensor,
+            nugget_positions: str = "renumbered") -> NuggetLayout:
+    """Each sample's states (prompt prefix first, then documents) concatenated in order, at positions 0, 1, ...
+    (renumbered) or each at its place in its document, the documents end to end (original).
 
     `empty`: `no_states` of the decoder's dtype and device, which every state is cast to.
     On every nugget the attention bias is `s - s.detach()` of its Scorer score: zero forward, and the gradient of
     each attention logit on it, in every layer and head, reaches the Scorer.
     """
-    keys, values, biases, shifts = [], [], [], []
+    if nugget_positions not in ("renumbered", "original"):
+        raise ValueError(f"nugget_positions must be 'renumbered' or 'original', got {nugget_positions!r}")
+    keys, values, biases, shifts, nexts = [], [], [], [], []
     for states in samples:
         states = [state.to(empty.device, empty.dtype) for state in states]
         keys.append(torch.cat([empty, *(s.keys for s in states)], dim=2))
@@ -158,7 +165,14 @@ def compose(samples: Sequence[Sequence[NuggetState]], empty: torch.Tensor, inv_f
         scores = torch.cat([torch.zeros(0, device=empty.device), *(s.scores.float() for s in states)])
         biases.append(scores - scores.detach())
         stored = torch.cat([torch.zeros(0, dtype=torch.long, device=empty.device), *(s.positions for s in states)])
-        shifts.append(torch.arange(len(stored), device=empty.device) - stored)
+        if nugget_positions == "renumbered":
+            shifts.append(torch.arange(len(stored), device=empty.device) - stored)
+            nexts.append(len(stored))
+        else:  # every state moves by the length of the documents before it
+            starts = [sum(s.n for s in states[:i]) for i in range(len(states))]
+            shifts.append(torch.cat([torch.zeros(0, dtype=torch.long, device=empty.device),
+                                     *(torch.full_like(s.positions, start) for s, start in zip(states, starts))]))
+            nexts.append(sum(s.n for s in states))
     width = max(1, max(len(d) for d in shifts))
     stacked = torch.stack([F.pad(k, (0, 0, 0, width - k.shape[2])) for k in keys], dim=1)
     shift = torch.stack([F.pad(d, (0, width - len(d))) for d in shifts])  # padding: not moved
@@ -167,18 +181,20 @@ def compose(samples: Sequence[Sequence[NuggetState]], empty: torch.Tensor, inv_f
         values=torch.stack([F.pad(v, (0, 0, 0, width - v.shape[2])) for v in values], dim=1),
         bias=torch.stack([F.pad(b, (0, width - len(b)), value=float("-inf")) for b in biases]),
         counts=torch.tensor([len(d) for d in shifts], device=empty.device),
+        next_positions=torch.tensor(nexts, device=empty.device),
     )
 
 
-def decoder_positions(counts: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
-    """Positions of the decoder's tokens (left or right padded): right after each sample's states."""
-    return (counts[:, None] + token_mask.long().cumsum(1) - 1).clamp(min=0)
+def decoder_positions(next_positions: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """Positions of the decoder's tokens (left or right padded): from each sample's `NuggetLayout.next_positions`."""
+    return (next_positions[:, None] + token_mask.long().cumsum(1) - 1).clamp(min=0)
 
 
 def check_positions(max_positions: int, states: int, tokens: int) -> None:
-    """Refuse a decoder input of `states` prefix and nugget states and `tokens` tokens that cannot fit."""
+    """Refuse a decoder input whose prompt opening and nuggets take `states` positions (their count, or with
+    original positions the documents' length) and whose `tokens` tokens follow, when it cannot fit."""
     if states + tokens > max_positions:
         raise ValueError(
-            f"{states} states (prompt opening and nuggets) plus {tokens} prompt tokens exceed the model's "
-            f"{max_positions} positions; pass fewer documents, a shorter prompt, or compress at a larger r"
+            f"the prompt opening and nuggets take {states} positions, plus {tokens} prompt tokens: more than the "
+            f"model's {max_positions} positions; pass fewer documents, a shorter prompt, or compress at a larger r"
         )

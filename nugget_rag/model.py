@@ -298,7 +298,8 @@ class NuggetModel(nn.Module):
         wanted = [(self.document_opening if docs else []) if p is None else p for p, docs in zip(prefixes, samples)]
         heads = self.prefix_states(wanted, adapter)
         samples = [docs if head is None else [head, *docs] for head, docs in zip(heads, samples)]
-        return positions.compose(samples, positions.no_states(self.llama.config, self.dtype, self.device), self.inv_freq)
+        empty = positions.no_states(self.llama.config, self.dtype, self.device)
+        return positions.compose(samples, empty, self.inv_freq, self.config.nugget_positions)
 
     def embed(self, input_ids: torch.Tensor, token_mask: torch.Tensor, soft_prompt: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Token embeddings, with the soft prompt put before each row's first real token when asked."""
@@ -333,9 +334,9 @@ class NuggetModel(nn.Module):
         token_mask = torch.ones_like(input_ids, dtype=torch.bool) if token_mask is None else token_mask.bool()
         layout = self.layout(samples, prefixes, adapter)
         embeds, full_mask = self.embed(input_ids, token_mask, soft_prompt)
-        self.check_positions(int(layout.counts.max()), embeds.shape[1])
+        self.check_positions(int(layout.next_positions.max()), embeds.shape[1])
         hidden = self.run(adapter, layout.reader(full_mask, embeds.shape[1]), inputs_embeds=embeds,
-                          position_ids=positions.decoder_positions(layout.counts, full_mask))
+                          position_ids=positions.decoder_positions(layout.next_positions, full_mask))
         extra = embeds.shape[1] - input_ids.shape[1]
         logits = self.logits(hidden[:, extra:]) if return_logits else None
         loss = target_logits = None

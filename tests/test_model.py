@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from tiny import tiny_base
 
+from nugget_rag.attention import rotate_keys
 from nugget_rag.checkpoint_files import WEIGHTS_FILE
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.generation import GenerationSettings, generate, stream_generate
@@ -589,3 +590,34 @@ def test_nugget_count_is_exact_for_decimal_ratios():
     from nugget_rag.config import nugget_count
 
     assert [nugget_count(115, 1.15), nugget_count(100, 10), nugget_count(101, 10), nugget_count(3, 1000)] == [100, 10, 11, 1]
+
+
+def test_original_positions_keep_each_nugget_at_its_place_in_its_document(make_model, doc_ids):
+    renumbered, original = make_model(ratio=4), make_model(ratio=4, nugget_positions="original")
+    docs = [doc_ids(DOC), doc_ids(DOC[::-1])]
+    prompt = torch.tensor([doc_ids(PROMPT)])
+    h = len(renumbered.document_opening)
+    with torch.no_grad():
+        states = renumbered.compress(docs)
+        for model in (renumbered, original):
+            assert model.fingerprint() == renumbered.fingerprint()  # the states are the same; only reading differs
+        first, second = renumbered.layout([states]), original.layout([states])
+        assert int(first.next_positions[0]) == h + sum(s.k for s in states) == int(first.counts[0])
+        assert int(second.next_positions[0]) == h + sum(len(d) for d in docs) and second.counts.equal(first.counts)
+        # the second document's nuggets sit after the whole first document, each at its own place (stored keys are
+        # at document positions p; read, at h + n_1 + p)
+        k0 = h + states[0].k
+        moved = rotate_keys(states[1].keys, torch.tensor([h + len(docs[0])]), original.inv_freq)
+        assert torch.allclose(second.keys[:, 0, :, k0 : k0 + states[1].k], moved, atol=1e-5)
+        a = renumbered.decode([states], prompt).logits
+        b = original.decode([states], prompt).logits
+    assert not torch.allclose(a, b)  # the geometry changes what the decoder reads
+
+
+def test_original_positions_budget_the_documents_length(make_model, doc_ids):
+    model = make_model(ratio=8, nugget_positions="original")
+    doc = doc_ids(DOC) * 40  # fits the positions as nuggets, not as text
+    with torch.no_grad():
+        states = model.compress([doc[:400], doc[:400]])
+        with pytest.raises(ValueError, match="take 8\\d\\d positions"):
+            model.decode([states], torch.tensor([doc_ids(PROMPT)]))

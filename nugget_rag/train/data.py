@@ -141,10 +141,13 @@ class ExampleBuilder:
     """Turns records of one source into tokenised examples (a batched `datasets.map` function)."""
 
     def __init__(self, source: Source, tokenizer: PreTrainedTokenizerBase, lengths: Lengths, max_positions: int,
-                 ratio: float, seed: int, in_user_turn: bool, teacher_positions: int | None = None):
+                 ratio: float, seed: int, in_user_turn: bool, teacher_positions: int | None = None,
+                 original_positions: bool = False):
         """`ratio`: the smallest the run trains with (the most nuggets); `teacher_positions`: with distillation, the
-        teacher's positions (an example whose full text does not fit them is skipped)."""
+        teacher's positions (an example whose full text does not fit them is skipped); `original_positions`: the
+        decoder places nuggets at their documents' positions (`NuggetConfig.nugget_positions`)."""
         self.source, self.tok, self.lengths, self.seed = source, tokenizer, lengths, seed
+        self.original_positions = original_positions
         self.max_positions, self.ratio, self.in_user_turn = max_positions, ratio, in_user_turn
         self.teacher_positions = None if source.full_context else teacher_positions
         self.opening = document_opening(tokenizer, in_user_turn)  # NuggetModel.document_opening
@@ -165,6 +168,7 @@ class ExampleBuilder:
         meta = [self.source.model_dump(mode="json", exclude={"weight", "streaming"}), self.lengths.model_dump(),
                 self.ratio, self.max_positions, self.seed, self.tok.name_or_path, len(self.tok),
                 self.tok.chat_template, self.in_user_turn, self.teacher_positions, "v3"]
+        meta += ["original-positions"] if self.original_positions else []
         return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
@@ -183,6 +187,12 @@ class ExampleBuilder:
                 for c in COLUMNS:
                     out[c].append(ex[c])
         return out
+
+    def state_positions(self, document_lengths: list[int]) -> int:
+        """Decoder positions the nuggets of documents of these lengths take (layout.compose)."""
+        if self.original_positions:
+            return sum(document_lengths)
+        return sum(nugget_count(n, self.ratio) for n in document_lengths)
 
     def ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -211,8 +221,7 @@ class ExampleBuilder:
         else:
             prefix, prompt = prompt_around_documents(self.tok, [{"role": "user", "content": instruction}],
                                                      self.in_user_turn)
-        nuggets = sum(nugget_count(len(d), self.ratio) for d in doc_ids)
-        if len(prefix) + nuggets + len(prompt) + len(answer_ids) > self.max_positions:
+        if len(prefix) + self.state_positions([len(d) for d in doc_ids]) + len(prompt) + len(answer_ids) > self.max_positions:
             return skip("too long for the model's positions")
         return example(doc_ids, prompt + answer_ids, len(prompt), references, prefix)
 

@@ -9,7 +9,6 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from ..config import nugget_count
 from ..metrics import answer_correct, bleu, rouge
 from ..prompts import QA_PROMPT, SUMMARY_PROMPT, render_instruction
 
@@ -47,7 +46,7 @@ class Objective:
     def positions(self, builder: ExampleBuilder) -> int:
         """Decoder positions an example may take (nuggets and tokens, without the prompt opening)."""
         L = builder.lengths
-        return nugget_count(L.document, builder.ratio) + L.answer + 64
+        return builder.state_positions([L.document]) + L.answer + 64
 
     def build(self, builder: ExampleBuilder, row: dict, rows: list[dict], rng: random.Random) -> list[dict]:
         raise NotImplementedError
@@ -87,7 +86,7 @@ class Autoencoding(Objective):
 
     def positions(self, builder: ExampleBuilder) -> int:
         size = builder.lengths.autoencoding
-        return nugget_count(size, builder.ratio) + 1 + size + len(builder.eos)
+        return builder.state_positions([size]) + 1 + size + len(builder.eos)
 
     def build(self, builder, row, rows, rng):
         ids, size = builder.ids(row[builder.source.text_field]), builder.lengths.autoencoding
@@ -111,7 +110,7 @@ class Continuation(Objective):
     def positions(self, builder: ExampleBuilder) -> int:
         L = builder.lengths
         pieces = cut(list(range(L.document)), builder.source.documents_per_example)
-        return sum(nugget_count(len(piece), builder.ratio) for piece in pieces) + L.query + L.answer
+        return builder.state_positions([len(piece) for piece in pieces]) + L.query + L.answer
 
     def build(self, builder, row, rows, rng):
         L = builder.lengths

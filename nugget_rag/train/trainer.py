@@ -148,7 +148,8 @@ class Trainer:
         for i, (source, name) in enumerate(zip(cfg.data, self.names)):
             builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, cfg.ratio_range()[0],
                                      cfg.seed, in_user_turn=self.model.config.placement == "in_user_turn",
-                                     teacher_positions=teacher)
+                                     teacher_positions=teacher,
+                                     original_positions=self.model.config.nugget_positions == "original")
             examples, skipped = build_examples(source, source.split, builder, cache)
             self.examples.append(examples)
             count = "streamed" if skipped is None else len(examples)
