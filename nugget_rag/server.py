@@ -6,6 +6,8 @@
                    otherwise: {"answer", "sources", "usage"}
     POST /compress {"documents": [text | {"page_content", "metadata"?}]}  -> {"documents": [{"metadata"}]}
     POST /ingest   {"documents": [text | {"page_content", "metadata"?}]}  -> {"added", "chunks"}
+    POST /v1/chat/completions   OpenAI's chat format (messages, max_tokens, stream as server-sent events): the last
+                   user message is the question, answered from the retrieved chunks; the answer names its sources
 
 Requests beyond `max_pending` in flight get 503; bodies over `max_body_bytes` get 413; malformed or incomplete JSON
 gets 422. Streams of concurrent requests interleave token by token (the model is taken one step at a time); a
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,23 @@ class AskRequest(BaseModel):
         if not value.strip():
             raise ValueError("the question is empty")
         return value
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str
+
+
+class ChatRequest(BaseModel):
+    """The part of OpenAI's chat completion request that applies (others, such as temperature, are accepted and
+    ignored: answers are greedy)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int = Field(128, ge=1, le=2048)
+    stream: bool = False
+    k: int = Field(4, ge=1, le=64)
 
 
 class DocumentsRequest(BaseModel):
@@ -111,8 +132,9 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         return {"status": "ok", "model": compressor.model.base_name, "ratio": compressor.effective_ratio,
                 "chunks": len(index), "pending": pending["count"]}
 
-    @app.post("/ask")
-    def ask(request: AskRequest):
+    def answer(request: AskRequest) -> Iterator[dict]:
+        """Admit the request, retrieve its chunks, then yield {"text"} pieces and a last {"sources", "usage"}. The
+        slot is freed when the iterator ends or is closed (a client that went away)."""
         if not len(index):
             raise HTTPException(409, "the index is empty: ingest documents first (POST /ingest)")
         admit()
@@ -124,28 +146,66 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         except BaseException:
             release()
             raise
-        if not request.stream:
-            try:
-                answer = chain.invoke(request.question)
-            finally:
-                release()
-            return {"answer": answer.content, "sources": answer.response_metadata["sources"],
-                    "usage": answer.usage_metadata}
 
-        def lines() -> Iterator[bytes]:
+        def pieces() -> Iterator[dict]:
             try:
                 final = None
                 for chunk in chain.stream(request.question):
                     final = chunk if final is None else final + chunk
                     if chunk.content:
-                        yield (json.dumps({"text": chunk.content}) + "\n").encode()
-                meta = final.response_metadata if final is not None else {}
-                usage = final.usage_metadata if final is not None else None
-                yield (json.dumps({"sources": meta.get("sources", []), "usage": usage}) + "\n").encode()
-            finally:  # also when the client went away and the stream was closed
+                        yield {"text": chunk.content}
+                yield {"sources": final.response_metadata.get("sources", []) if final else [],
+                       "usage": final.usage_metadata if final else None}
+            finally:
                 release()
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return pieces()
+
+    def whole(request: AskRequest) -> dict:
+        parts = list(answer(request))
+        return {"answer": "".join(p.get("text", "") for p in parts), **parts[-1]}
+
+    @app.post("/ask")
+    def ask(request: AskRequest):
+        if not request.stream:
+            return whole(request)
+        lines = (json.dumps(piece).encode() + b"\n" for piece in answer(request))
+        return StreamingResponse(lines, media_type="application/x-ndjson")
+
+    @app.post("/v1/chat/completions")
+    def chat(request: ChatRequest):
+        questions = [m.content for m in request.messages if m.role == "user" and m.content.strip()]
+        if not questions:
+            raise HTTPException(422, "the messages hold no user message with a question")
+        ask_request = AskRequest(question=questions[-1], k=request.k, max_new_tokens=request.max_tokens,
+                                 stream=request.stream)
+        model_name = compressor.model.base_name
+        created = int(time.time())
+        if not request.stream:
+            result = whole(ask_request)
+            usage = result["usage"] or {}
+            return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": created,
+                    "model": model_name, "sources": result["sources"],
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": result["answer"]},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": usage.get("input_tokens", 0),
+                              "completion_tokens": usage.get("output_tokens", 0),
+                              "total_tokens": usage.get("total_tokens", 0)}}
+        pieces = answer(ask_request)
+        identity = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": created,
+                    "model": model_name}
+
+        def events() -> Iterator[bytes]:
+            for message in pieces:
+                delta = {"content": message["text"]} if "text" in message else {}
+                chunk = {**identity, "choices": [{"index": 0, "delta": delta,
+                                                  "finish_reason": None if delta else "stop"}]}
+                if not delta:
+                    chunk["sources"] = message["sources"]
+                yield f"data: {json.dumps(chunk)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/compress")
     def compress(request: DocumentsRequest) -> dict:

@@ -128,3 +128,20 @@ def test_200_requests_from_8_clients_all_succeed(index, tmp_path):
     assert len(latencies) == 200
     print(f"200 requests, 8 clients: p50 {statistics.median(latencies) * 1000:.0f} ms, "
           f"p95 {latencies[189] * 1000:.0f} ms")
+
+
+def test_openai_compatible_chat_completions(client):
+    client.post("/ingest", json={"documents": TEXTS})
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What does the falcon do?"}]
+    whole = client.post("/v1/chat/completions", json={"model": "any", "messages": messages, "max_tokens": 4,
+                                                       "temperature": 0.2}).json()
+    assert whole["object"] == "chat.completion" and whole["choices"][0]["message"]["role"] == "assistant"
+    assert whole["usage"]["completion_tokens"] >= 1 and whole["sources"]
+    events = [line for line in client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4,
+                                                                         "stream": True}).iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == whole["choices"][0]["message"]["content"] and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert client.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "hi"}]}).status_code == 422
+    assert client.get("/health").json()["pending"] == 0
