@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -163,7 +164,7 @@ class NuggetIndex:
             compressor.model.tokenizer, chunk_size=chunk_tokens, chunk_overlap=chunk_overlap,
         )
         self.vectorstore: FAISS | None = None
-        self.last_ingest: dict[str, int] = {}
+        self.last_ingest: dict[str, float] = {}
 
     def __len__(self) -> int:
         return 0 if self.vectorstore is None else self.vectorstore.index.ntotal
@@ -221,7 +222,7 @@ class NuggetIndex:
                 new[chunk.id] = chunk
         todo = list(new.values())
         bar = tqdm(total=len(todo), desc="ingesting", unit="chunk", disable=not self.show_progress or not todo)
-        tokens = 0
+        tokens, started = 0, time.perf_counter()
         try:
             for start in range(0, len(todo), self.batch_size):
                 batch = todo[start : start + self.batch_size]
@@ -234,7 +235,8 @@ class NuggetIndex:
         finally:
             bar.close()
         self.last_ingest = {"documents": len(documents), "chunks": len(chunks), "added": len(todo),
-                            "skipped": len(chunks) - len(todo)}
+                            "skipped": len(chunks) - len(todo), "tokens": tokens,
+                            "seconds": round(time.perf_counter() - started, 3)}
         log.info("ingested %(documents)d documents: %(chunks)d chunks, %(added)d new, %(skipped)d already indexed",
                  self.last_ingest)
         return len(todo)

@@ -65,8 +65,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     with NuggetIndex.updating(args.index, compressor, load_embeddings(args), **options) as index:
         added = index.ingest(docs)
     stats = index.last_ingest
+    seconds = max(stats["seconds"], 1e-9)
+    rate = f" in {seconds:.1f} s ({added / seconds:.2f} chunks/s, {stats['tokens'] / seconds:.0f} tokens/s)" if added else ""
     print(f"Ingested {stats['documents']} documents as {stats['chunks']} chunks ({added} new, "
-          f"{stats['skipped']} already indexed) into {args.index}: {len(index)} chunks in all, "
+          f"{stats['skipped']} already indexed){rate} into {args.index}: {len(index)} chunks in all, "
           f"nuggets in {args.index / NUGGETS_DIR}")
     return 0
 

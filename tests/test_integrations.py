@@ -89,7 +89,11 @@ def test_ingest_splits_indexes_and_compresses_every_chunk(compressor):
     index = NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
     added = index.ingest(DOCS)
     assert added == len(index) > len(DOCS)  # several chunks per document
-    assert index.last_ingest == {"documents": 3, "chunks": added, "added": added, "skipped": 0}
+    stats = index.last_ingest
+    assert {k: stats[k] for k in ("documents", "chunks", "added", "skipped")} == {
+        "documents": 3, "chunks": added, "added": added, "skipped": 0}
+    assert stats["tokens"] == sum(len(compressor.model.tokenizer(d.page_content)["input_ids"]) for d in index.documents)
+    assert stats["seconds"] > 0
     tokenizer = compressor.model.tokenizer
     for chunk in index.documents:
         assert len(tokenizer.tokenize(chunk.page_content)) <= 64
