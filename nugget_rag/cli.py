@@ -134,12 +134,11 @@ def _ask_server(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .integrations import NuggetIndex
+    from .integrations import NuggetIndex, read_manifest
     from .integrations.faiss_store import NUGGETS_DIR
     from .server import create_app
 
-    manifest = _manifest(args.index) if (args.index / "index.json").exists() else {}
-    args.ratio = manifest.get("ratio")
+    args.ratio = (read_manifest(args.index) or {}).get("ratio")
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
     index = NuggetIndex.open(args.index, compressor, load_embeddings(args))
     app = create_app(index, args.index, max_pending=args.max_pending, max_body_bytes=args.max_body_bytes)

@@ -36,7 +36,7 @@ from .llm import NuggetLLM
 class AskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(min_length=1)
+    question: str
     k: int = Field(4, ge=1, le=64, description="Chunks to read.")
     max_new_tokens: int = Field(128, ge=1, le=2048)
     stream: bool = True
@@ -105,11 +105,10 @@ async def _too_large(limit: int, send) -> None:
 
 
 def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int = 32,
-               max_body_bytes: int = 1 << 20) -> FastAPI:
-    """The server over a loaded `NuggetIndex` (its compressor, store and FAISS index); `index_dir`: where /ingest
-    saves it (None: kept in memory)."""
-    from .integrations import build_qa_chain
-    from .integrations.faiss_store import LOCK_FILE
+               max_body_bytes: int = 1 << 20) -> BodyLimit:
+    """The server (an ASGI app) over a loaded `NuggetIndex` (its compressor, store and FAISS index); `index_dir`:
+    the index's directory, which /ingest updates as `nugget-rag ingest` does (None: the index stays in memory)."""
+    from .integrations import NuggetIndex, build_qa_chain
 
     app = FastAPI(title="nugget-rag", description=__doc__.split("\n\n")[0])
     compressor = index.compressor
@@ -218,16 +217,19 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
 
     @app.post("/ingest")
     def ingest(request: DocumentsRequest) -> dict:
+        nonlocal index
         admit()
         try:
             docs = [d if isinstance(d, Document) else Document(page_content=d) for d in request.documents]
             with index_lock:
-                added = index.ingest(docs)
-                if index_dir is not None:
-                    from filelock import FileLock
-
-                    with FileLock(Path(index_dir) / LOCK_FILE):
-                        index.save(index_dir)
+                if index_dir is None:
+                    added = index.ingest(docs)
+                else:  # under the directory's lock, from what is saved there: another process's updates stay
+                    settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
+                                "batch_size": index.batch_size}
+                    with NuggetIndex.updating(index_dir, compressor, index.embeddings, **settings) as updated:
+                        added = updated.ingest(docs)
+                    index = updated
         finally:
             release()
         return {"added": added, "chunks": len(index)}

@@ -145,3 +145,12 @@ def test_openai_compatible_chat_completions(client):
     assert text == whole["choices"][0]["message"]["content"] and chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert client.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "hi"}]}).status_code == 422
     assert client.get("/health").json()["pending"] == 0
+
+
+def test_ingest_keeps_what_another_process_added_to_the_index_meanwhile(client, index, tmp_path):
+    client.post("/ingest", json={"documents": [TEXTS[0]]})
+    with NuggetIndex.updating(tmp_path, index.compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=0) as other:
+        other.ingest([Document(page_content="Written by another process.")])
+    assert client.post("/ingest", json={"documents": [TEXTS[1]]}).json() == {"added": 1, "chunks": 3}
+    saved = NuggetIndex.load(tmp_path, index.compressor, HashEmbeddings())
+    assert len(saved) == 3
