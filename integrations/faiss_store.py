@@ -231,7 +231,7 @@ class NuggetIndex:
                 self._add(compressed, vectors)
                 tokens += sum(d.metadata[METADATA_KEY]["n_tokens"] for d in compressed)
                 bar.update(len(batch))
-                bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.0f} tokens/s", refresh=False)
+                bar.set_postfix_str(f"{tokens / (time.perf_counter() - started):.0f} tokens/s", refresh=False)
         finally:
             bar.close()
         self.last_ingest = {"documents": len(documents), "chunks": len(chunks), "added": len(todo),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from safetensors import SafetensorError
@@ -15,7 +15,7 @@ from safetensors.torch import save as save_tensors
 FORMAT = "nugget-rag/state-v2"
 READABLE_FORMATS = ("nugget-rag/state-v1", FORMAT)  # v1: float32 keys and values, no kv_format
 KVFormat = Literal["float32", "bfloat16", "float16", "int8"]
-KV_FORMATS: tuple[str, ...] = ("float32", "bfloat16", "float16", "int8")
+KV_FORMATS: tuple[str, ...] = get_args(KVFormat)
 _FLOAT_FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..base_model import BaseLM
+from ..layout import pad
 from ..model import NuggetModel
 from .config import Distillation
 from .data import Batch
@@ -44,16 +45,10 @@ class Teacher:
         if max(map(len, rows)) > limit:
             raise ValueError(f"a teacher input of {max(map(len, rows))} tokens exceeds the teacher's {limit} positions "
                              "(the data builder skips such examples; was it built without distillation?)")
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), self.student.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.bool)
-        for b, row in enumerate(rows):
-            ids[b, : len(row)] = torch.tensor(row)
-            mask[b, : len(row)] = True
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = pad(rows, self.student.tokenizer.pad_token_id, device)
         if self.base is None:
             hidden = self.student.read_text(ids, mask, adapter=None)
-            head = self.student.llama.lm_head
+            head = self.student.logits
         else:
             hidden = self.base.model.model(input_ids=ids, attention_mask=mask.long(), use_cache=False).last_hidden_state
             head = self.base.model.lm_head

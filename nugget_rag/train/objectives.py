@@ -128,13 +128,19 @@ class Continuation(Objective):
         return examples or [skip("too short")]
 
 
-@register("qa")
-class QuestionAnswering(Objective):
-    """(passages, question, answer) in NuggetLLM's prompt; other passages of the batch join as distractors."""
+class PromptedTask(Objective):
+    """Documents, an instruction in NuggetLLM's prompt, and a target answer (`ExampleBuilder.task`): everything the
+    task reads trains, and the uncompressed reference (full_context) applies."""
 
     parts = Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False)
-    generate_tokens = 64
     full_context = True
+
+
+@register("qa")
+class QuestionAnswering(PromptedTask):
+    """(passages, question, answer); other passages of the batch join as distractors."""
+
+    generate_tokens = 64
 
     def fields(self, source):
         return [("context", "documents", source.context_field), ("question", source.question_field),
@@ -165,12 +171,10 @@ class QuestionAnswering(Objective):
 
 
 @register("summarization")
-class Summarization(Objective):
+class Summarization(PromptedTask):
     """(article, summary instruction, summary), as CNN/DailyMail."""
 
-    parts = Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False)
     generate_tokens = 128
-    full_context = True
 
     def fields(self, source):
         return [("document", source.document_field), ("summary", source.summary_field)]
