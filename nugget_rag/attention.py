@@ -80,6 +80,19 @@ class ReadNuggets:
         return torch.cat([nugget_part, token_part], dim=2)[:, None]
 
 
+class ReadAndRecord(ReadNuggets):
+    """ReadNuggets that also records every layer's keys and values of the tokens being run (autoregressive mode:
+    they become the next segment's window, and its nuggets)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recorded = CaptureNuggets(torch.zeros(0))
+
+    def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor, query_len: int):
+        self.recorded.keys[layer], self.recorded.values[layer] = key, value  # assignment: replays overwrite
+        return super().extend(layer, key, value, query_len)
+
+
 def nugget_attention(
     module: torch.nn.Module,
     query: torch.Tensor,

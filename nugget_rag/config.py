@@ -78,6 +78,31 @@ class NuggetConfig(BaseModel):
         return float(value)
 
 
+class StreamSettings(BaseModel):
+    """How autoregressive mode reads: the recent window kept whole, the segment length, and which nuggets stay."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    window: int = Field(128, ge=0, description="tau: the tokens before a segment that its tokens read whole.")
+    segment: int | None = Field(
+        None, ge=1, description="Tokens read in one pass, sharing one split point (default: the window, at least 16).")
+    ratio: float | None = Field(None, description="Keep ceil(segment / r) tokens of each segment (default: the "
+                                "model's r).")
+    threshold: float | None = Field(
+        None, allow_inf_nan=False, description="Lambda (Eq. 8): keep instead every token whose score is above it "
+        "(and each segment's last token); `calibrate_threshold` finds the one giving a ratio.")
+    max_nuggets: int | None = Field(
+        None, ge=1, description="Nuggets read at most; the oldest are dropped beyond it (default and maximum: the "
+        "model's positions less the window and a segment).")
+    encoder: str | None = Field(ENCODER, description="The adapter that encodes nuggets (None: the frozen model).")
+    decoder: str | None = Field(DECODER, description="The adapter that reads them (None: the frozen model).")
+
+    @field_validator("ratio")
+    @classmethod
+    def _check_ratio(cls, value: float | None) -> float | None:
+        return value if value is None else NuggetConfig(ratio=value).ratio
+
+
 def nugget_count(n_tokens: int, ratio: float) -> int:
     """k = ceil(n / r): the number of nuggets kept of a text of n tokens."""
     return max(1, math.ceil(round(n_tokens / ratio, 9)))  # r = 1.15 is a hair under 1.15: 115 / r is 100

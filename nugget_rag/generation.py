@@ -50,7 +50,7 @@ class GenerationSettings(BaseModel):
         return processors
 
 
-class _TextTracker:
+class TextTracker:
     """Incremental detokenisation of one row: releases only text that no stop string can still claim."""
 
     def __init__(self, tokenizer, stop: Sequence[str]):
@@ -86,7 +86,7 @@ class _TextTracker:
         return piece
 
 
-def _next_token(logits: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None) -> torch.Tensor:
+def next_token(logits: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None) -> torch.Tensor:
     if settings.temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / settings.temperature, dim=-1)
@@ -128,9 +128,9 @@ def stream_generate(
     if steps < settings.max_new_tokens:
         log.warning("max_new_tokens=%d cut to %d: the states and prompt take the rest of the model's %d positions",
                     settings.max_new_tokens, steps, model.max_positions)
-    eos = _eos_ids(model)
+    eos = eos_ids(model)
     generator = torch.Generator(model.device).manual_seed(settings.seed) if settings.seed is not None else None
-    trackers = [_TextTracker(model.tokenizer, settings.stop) for _ in prompts]
+    trackers = [TextTracker(model.tokenizer, settings.stop) for _ in prompts]
     cache = DynamicCache()
     processors = settings.logits_processors()
     generated = torch.zeros(len(prompts), 0, dtype=torch.long, device=model.device)
@@ -143,7 +143,7 @@ def stream_generate(
         logits = model.logits(hidden[:, -1])
         if processors and generated.shape[1]:
             logits = processors(generated, logits)
-        tokens = _next_token(logits, settings, generator)
+        tokens = next_token(logits, settings, generator)
         if processors:  # only the repetition settings need the history
             generated = torch.cat([generated, tokens[:, None]], dim=1)
         pieces = []
@@ -181,7 +181,7 @@ def generate(
     return texts
 
 
-def _eos_ids(model: NuggetModel) -> set[int]:
+def eos_ids(model: NuggetModel) -> set[int]:
     ids = model.llama.generation_config.eos_token_id if model.llama.generation_config else None
     ids = list(ids) if isinstance(ids, list) else [ids]
     ids.append(model.tokenizer.eos_token_id)

@@ -39,6 +39,17 @@ def test_kl_is_zero_where_the_student_reads_everything_the_teacher_reads(data, t
     assert trainer.objective.terms["kl"] > 1e-4
 
 
+def test_kl_is_zero_in_autoregressive_mode_where_the_stream_keeps_everything(data, tmp_path):
+    """language_modeling at r = 1 with adapters off: the stream is the base model reading the text."""
+    plain = {"window": 8, "segment": 8, "encoder": None, "decoder": None}
+    cfg = config(tmp_path, [source("language_modeling", data)], distill={"weight": 0.5}, stream=plain)
+    trainer = Trainer(cfg, tiny_model())
+    trainer.objective(first_batch(trainer, ratio=1))
+    assert trainer.objective.terms["kl"] < 1e-6
+    trainer.objective(first_batch(trainer, ratio=4))
+    assert trainer.objective.terms["kl"] > 1e-4
+
+
 def test_teacher_logits_align_with_the_students_targets(data, tmp_path):
     trainer = Trainer(config(tmp_path, [source("autoencoding", data)], distill={"weight": 1.0}), tiny_model())
     batch = first_batch(trainer, ratio=1)

@@ -28,6 +28,7 @@ def tiny_model(seed: int = 0) -> NuggetModel:
 
 def config(tmp_path, sources, **settings) -> TrainConfig:
     values = dict(output_dir=tmp_path / "run", data=sources, lengths=LENGTHS, nugget=NUGGET, batch_size=2,
+                  stream={"window": 8, "segment": 8},
                   max_steps=4, eval_every=0, save_every=2, log_every=1, eval_examples=2,
                   optim={"warmup_steps": 1, "lr": 1e-3})
     values.update(settings)
@@ -43,6 +44,7 @@ SOURCES = {
     "continuation": {"objective": "continuation", "path": "docs.jsonl", "documents_per_example": 2},
     "qa": {"objective": "qa", "path": "squad.json", "documents_per_example": 3},
     "summarization": {"objective": "summarization", "path": "summ.jsonl"},
+    "language_modeling": {"objective": "language_modeling", "path": "docs.jsonl"},
     "full_context": {"objective": "qa", "path": "squad.json", "full_context": True},
 }
 
@@ -306,7 +308,7 @@ def test_percentage_splits_leave_no_unit_out(tmp_path):
 
 
 def test_objectives_come_from_the_registry():
-    with pytest.raises(ValueError, match="unknown objective 'nope'; registered: autoencoding, continuation, qa"):
+    with pytest.raises(ValueError, match="unknown objective 'nope'; registered: autoencoding, continuation, language_modeling, qa"):
         Source(objective="nope", path="x.json")
 
     @objectives.register("test_only")

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..config import NuggetConfig
+from ..config import NuggetConfig, StreamSettings
 
 Format = Literal["auto", "squad", "hotpotqa", "json", "jsonl", "parquet", "text", "hub"]
 
@@ -19,7 +19,7 @@ class Source(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     objective: str = Field(description="A registered objective (train/objectives.py): autoencoding | continuation | "
-                                       "qa | summarization.")
+                                       "qa | summarization | language_modeling (autoregressive mode).")
     path: str = Field(description="A local file or folder, or a hub data set name (format=hub; needs network).")
     format: Format = Field("auto", description="File format; auto: from the suffix (SQuAD JSON is recognised).")
     split: Literal["train", "dev", "test"] | None = Field(
@@ -158,6 +158,8 @@ class TrainConfig(BaseModel):
     nugget: NuggetConfig = Field(default_factory=NuggetConfig, description="Ratio, Scorer and LoRA settings.")
     data: list[Source] = Field(min_length=1)
     lengths: Lengths = Field(default_factory=Lengths)
+    stream: StreamSettings = Field(default_factory=StreamSettings,
+                                   description="Autoregressive mode's window and segments (language_modeling).")
     distill: Distillation = Field(default_factory=Distillation)
     ratios: RatioCurriculum | None = Field(None, description="Ratio curriculum (default: nugget.ratio throughout).")
     scorer_warm_start: ScorerWarmStart = Field(default_factory=ScorerWarmStart)

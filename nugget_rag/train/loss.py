@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..config import DECODER
+from ..autoregressive import NuggetStream
+from ..config import DECODER, StreamSettings
 from ..model import NuggetModel
 from .config import Distillation, Source
 from .data import Batch
@@ -22,6 +26,31 @@ def compress_batch(model: NuggetModel, batch: Batch, source: Source) -> list[lis
     return [[next(states) for _ in docs] for docs in batch.documents]
 
 
+def stream_batch(model: NuggetModel, batch: Batch, settings: StreamSettings) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+    """Autoregressive mode: each text read by its own NuggetStream at the batch's ratio. Returns the batch with
+    its labels kept only where the token before reads nuggets (`NuggetStream.reads_nuggets_from`), and the logits that
+    predict those labels ([targets, vocab], row-major as `NuggetModel.decode`'s) with the targets."""
+    if batch.ratio is not None:
+        settings = settings.model_copy(update={"ratio": batch.ratio})
+    reading = NuggetStream(model, settings)
+    labels = batch.labels.clone()
+    labels[:, : reading.reads_nuggets_from + 1] = -100
+    logits, targets = [], []
+    for ids, mask, row in zip(batch.input_ids, batch.token_mask, labels):
+        n = int(mask.sum())
+        kept = (row[1:n] != -100).to(model.device)
+        if not kept.any():
+            continue
+        reading.reset()
+        logits.append(reading.feed(ids[:n].tolist(), return_logits=True)[:-1][kept])
+        targets.append(row[1:n].to(model.device)[kept])
+    if not logits:
+        raise ValueError(f"no text of this batch reaches position {reading.reads_nuggets_from}, where tokens start "
+                         f"reading nuggets (window {reading.window}, segment {reading.segment}); raise "
+                         "lengths.document or lower stream.window")
+    return replace(batch, labels=labels), torch.cat(logits).float(), torch.cat(targets)
+
+
 class ObjectiveLoss(nn.Module):
     """forward(batch) -> loss of the batch's objective (a module, so Accelerate/DDP can wrap it).
 
@@ -29,10 +58,11 @@ class ObjectiveLoss(nn.Module):
     """
 
     def __init__(self, model: NuggetModel, sources: list[Source], distill: Distillation | None = None,
-                 teacher: Teacher | None = None):
+                 teacher: Teacher | None = None, stream: StreamSettings | None = None):
         super().__init__()
         self.model = model
         self.sources = sources
+        self.stream = stream or StreamSettings()
         self.distill = distill if distill is not None and distill.weight > 0 else None
         if self.distill is not None and teacher is None:
             teacher = Teacher(model)
@@ -42,16 +72,21 @@ class ObjectiveLoss(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         source = self.sources[batch.source]
         self.model.set_trainable(**vars(parts_of(source)))
-        device = self.model.device
-        samples = compress_batch(self.model, batch, source)
-        soft_prompt = OBJECTIVES[source.objective].soft_prompt
-        out = self.model.decode(
-            samples, batch.input_ids.to(device), batch.token_mask.to(device), labels=batch.labels.to(device),
-            soft_prompt=soft_prompt, adapter=DECODER, return_logits=False, prefixes=batch.prefixes,
-        )
+        objective = OBJECTIVES[source.objective]
+        if objective.autoregressive:
+            batch, target_logits, targets = stream_batch(self.model, batch, self.stream)
+            ce = F.cross_entropy(target_logits, targets)
+        else:
+            device = self.model.device
+            out = self.model.decode(
+                compress_batch(self.model, batch, source), batch.input_ids.to(device), batch.token_mask.to(device),
+                labels=batch.labels.to(device), soft_prompt=objective.soft_prompt, adapter=DECODER,
+                return_logits=False, prefixes=batch.prefixes,
+            )
+            ce, target_logits = out.loss, out.target_logits
         if self.distill is None or source.full_context:
-            self.terms = {"ce": float(out.loss.detach())}
-            return out.loss
-        kl = kl_loss(out.target_logits, self.teacher.target_logits(batch, soft_prompt), self.distill)
-        self.terms = {"ce": float(out.loss.detach()), "kl": float(kl.detach())}
-        return (1 - self.distill.weight) * out.loss + self.distill.weight * kl
+            self.terms = {"ce": float(ce.detach())}
+            return ce
+        kl = kl_loss(target_logits, self.teacher.target_logits(batch, objective.soft_prompt), self.distill)
+        self.terms = {"ce": float(ce.detach()), "kl": float(kl.detach())}
+        return (1 - self.distill.weight) * ce + self.distill.weight * kl

@@ -38,6 +38,7 @@ class Objective:
     soft_prompt: ClassVar[bool] = False  # the decoder reads the soft prompt, then predicts from the first token
     generate_tokens: ClassVar[int | None] = None
     full_context: ClassVar[bool] = False  # whether the uncompressed reference (full_context=True) applies
+    autoregressive: ClassVar[bool] = False  # read in autoregressive mode (NuggetStream), not compressed documents
 
     def fields(self, source: Source) -> list[tuple[str, ...]]:
         """Record fields it needs, each as the names that may hold it."""
@@ -126,6 +127,24 @@ class Continuation(Objective):
             examples.append(example(cut(d, builder.source.documents_per_example), q + a, len(q),
                                     [builder.tok.decode(a)], builder.opening))
         return examples or [skip("too short")]
+
+
+@register("language_modeling")
+class LanguageModeling(Objective):
+    """Autoregressive mode (paper Sec. 2.2, Eq. 11): a text of `lengths.document` tokens read left to right by a
+    NuggetStream (`TrainConfig.stream`), predicting every token that reads nuggets (those after the first window
+    and segment); everything trains through the stream."""
+
+    parts = Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False)
+    autoregressive = True
+
+    def positions(self, builder: ExampleBuilder) -> int:
+        return 0  # the stream keeps its own positions inside the model's
+
+    def build(self, builder, row, rows, rng):
+        ids, size = builder.ids(row[builder.source.text_field]), builder.lengths.document
+        pieces = [p for p in (ids[i : i + size] for i in range(0, len(ids), size)) if len(p) >= builder.lengths.min_document]
+        return [example([], piece, 1, []) for piece in pieces] or [skip("too short")]
 
 
 class PromptedTask(Objective):

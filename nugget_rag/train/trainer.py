@@ -99,7 +99,7 @@ class Trainer:
         self.mixture, self.dev = self._data()
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.objective = ObjectiveLoss(model, config.data, config.distill, self.teacher)
+        self.objective = ObjectiveLoss(model, config.data, config.distill, self.teacher, config.stream)
         self.loss, self.optimizer = self.accelerator.prepare(self.objective, self.optimizer)
         self.step = 0
         if trackers:
