@@ -96,6 +96,7 @@ class NuggetStream:
         self.n = 0  # tokens read
         self.dropped = 0  # nuggets dropped by the cap
         self.last_logits: torch.Tensor | None = None  # what the last token read predicts
+        self.generated: list[int] = []  # the ids the last `generate` produced (and read)
         self._prefix: tuple | None = None  # the decoder's view of the past, for the open segment
 
     # ------------------------------------------------------------------ reading
@@ -166,7 +167,8 @@ class NuggetStream:
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
     def generate(self, settings: GenerationSettings | None = None) -> Iterator[str]:
-        """Continue the text read, yielding new text; what is generated is read too (the stream goes on)."""
+        """Continue the text read, yielding new text; what is generated is read too (the stream goes on), and its ids
+        are in `generated`."""
         settings = settings or GenerationSettings()
         if self.last_logits is None:
             raise ValueError("nothing read yet: feed a prompt before generating")
@@ -174,21 +176,21 @@ class NuggetStream:
                      if settings.seed is not None else None)
         tracker, processors, eos = TextTracker(self.model.tokenizer, settings.stop), settings.logits_processors(), \
             eos_ids(self.model)
-        generated: list[int] = []
+        self.generated = []
         for _ in range(settings.max_new_tokens):
             logits = self.last_logits[None]
-            if processors and generated:
-                logits = processors(torch.tensor([generated], device=logits.device), logits)
+            if processors and self.generated:
+                logits = processors(torch.tensor([self.generated], device=logits.device), logits)
             token = int(next_token(logits, settings, generator)[0])
             if token in eos:
                 break
-            generated.append(token)
+            self.feed([token])
+            self.generated.append(token)
             piece = tracker.add(token)
             if piece:
                 yield piece
             if tracker.done:
                 return
-            self.feed([token])
         rest = tracker.finish()
         if rest:
             yield rest

@@ -12,17 +12,55 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, Huma
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.prompt_values import ChatPromptValue, PromptValue
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .compressor import NuggetCompressor, as_documents
 from .generation import GenerationSettings, stream_generate
+from .model import NuggetModel
 from .prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction, takes_question
 
 DOCUMENTS_KEY = "documents"
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "chat": "user"}
 
 
-class NuggetLLM(BaseChatModel):
+class GenerationOptions(BaseModel):
+    """The generation settings a chat model takes as fields, each overridable per call (`invoke(..., top_p=0.9)`)."""
+
+    max_new_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: list[str] | None = None
+    seed: int | None = None
+    repetition_penalty: float = Field(1.0, ge=1.0, allow_inf_nan=False, description="Above 1 discourages repeating generated tokens.")
+    no_repeat_ngram_size: int = Field(0, ge=0, description="Never repeat a generated n-gram of this size (0: off).")
+
+    def generation_settings(self, stop: list[str] | None, overrides: Mapping[str, Any]) -> GenerationSettings:
+        names = ("max_new_tokens", "temperature", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size")
+        return GenerationSettings(stop=list(stop or self.stop or []),
+                                  **{name: overrides.get(name, getattr(self, name)) for name in names})
+
+    @property
+    def nugget_model(self) -> NuggetModel:
+        raise NotImplementedError
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params.update(ls_provider="nugget-rag", ls_model_name=kwargs.get("model", self.nugget_model.base_name),
+                      ls_max_tokens=kwargs.get("max_new_tokens", self.max_new_tokens))
+        if stop or self.stop:
+            params["ls_stop"] = list(stop or self.stop)
+        return params
+
+
+def chat_dicts(messages: Sequence[BaseMessage], system_prompt: str | None) -> list[dict[str, str]]:
+    """LangChain messages as chat-template {role, content} dicts, the system prompt first unless one is given."""
+    chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
+    if system_prompt and not any(m["role"] == "system" for m in chat):
+        chat.insert(0, {"role": "system", "content": system_prompt})
+    return chat
+
+
+class NuggetLLM(GenerationOptions, BaseChatModel):
     """Generates with the Dodo decoder conditioned on the nuggets of any number of documents.
 
     Input contract (any of):
@@ -51,18 +89,15 @@ class NuggetLLM(BaseChatModel):
     compressor: NuggetCompressor
     prompt_template: str = Field(QA_PROMPT, description="Instruction with a {question} placeholder.")
     system_prompt: str | None = None
-    max_new_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    stop: list[str] | None = None
-    seed: int | None = None
-    repetition_penalty: float = Field(1.0, ge=1.0, allow_inf_nan=False, description="Above 1 discourages repeating generated tokens.")
-    no_repeat_ngram_size: int = Field(0, ge=0, description="Never repeat a generated n-gram of this size (0: off).")
 
     @field_validator("prompt_template")
     @classmethod
     def _check_prompt_template(cls, value: str) -> str:
         return check_template(value)
+
+    @property
+    def nugget_model(self) -> NuggetModel:
+        return self.compressor.model
 
     @property
     def _llm_type(self) -> str:
@@ -73,14 +108,6 @@ class NuggetLLM(BaseChatModel):
         return {"base_model": self.compressor.model.base_name, "ratio": self.compressor.effective_ratio,
                 "prompt_template": self.prompt_template, "max_new_tokens": self.max_new_tokens,
                 "temperature": self.temperature}
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params.update(ls_provider="nugget-rag", ls_model_name=kwargs.get("model", self.compressor.model.base_name),
-                      ls_max_tokens=kwargs.get("max_new_tokens", self.max_new_tokens))
-        if stop or self.stop:
-            params["ls_stop"] = list(stop or self.stop)
-        return params
 
     # ------------------------------------------------------------------ input contract
     def _convert_input(self, model_input: LanguageModelInput | Mapping[str, Any]) -> PromptValue:
@@ -115,9 +142,7 @@ class NuggetLLM(BaseChatModel):
 
     def _prompt_ids(self, messages: Sequence[BaseMessage], with_documents: bool) -> tuple[list[int], list[int]]:
         """The decoder's token ids before and after the documents' nuggets (NuggetModel.chat_prompt)."""
-        chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
-        if self.system_prompt and not any(m["role"] == "system" for m in chat):
-            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        chat = chat_dicts(messages, self.system_prompt)
         last = max((i for i, m in enumerate(chat) if m["role"] == "user"), default=None)
         asks = not with_documents or takes_question(self.prompt_template)
         if last is not None and asks and not chat[last]["content"].strip():
@@ -147,15 +172,7 @@ class NuggetLLM(BaseChatModel):
         found = self.compressor.lookup(docs)
         states = [f.state for f in found]
         prefix, prompt = self._prompt_ids(messages, with_documents=bool(docs))
-        settings = GenerationSettings(
-            max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
-            temperature=kwargs.get("temperature", self.temperature),
-            top_p=kwargs.get("top_p", self.top_p),
-            stop=list(stop or self.stop or []),
-            seed=kwargs.get("seed", self.seed),
-            repetition_penalty=kwargs.get("repetition_penalty", self.repetition_penalty),
-            no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", self.no_repeat_ngram_size),
-        )
+        settings = self.generation_settings(stop, kwargs)
         generated = 0  # one token per step of the stream
         for pieces in stream_generate(self.compressor.model, [states], [prompt], settings, prefixes=[prefix]):
             generated += 1

@@ -23,3 +23,11 @@ class NuggetLLMSuite:
     @property
     def has_structured_output(self):
         return False
+
+
+class NuggetStreamLLMSuite(NuggetLLMSuite):
+    @property
+    def chat_model_class(self):
+        from nugget_rag.stream_llm import NuggetStreamLLM
+
+        return NuggetStreamLLM

@@ -47,6 +47,20 @@ def test_r1_nuggets_reproduce_the_base_model(compressor):
     assert (logits - full).abs().max() < 1e-3
 
 
+def test_autoregressive_mode_at_r1_without_adapters_is_the_base_model(compressor):
+    from nugget_rag.autoregressive import NuggetStream
+
+    model, tok = compressor.model, compressor.model.tokenizer
+    ids = tok(" ".join(d.page_content for d in DOCS) * 3, add_special_tokens=False)["input_ids"]
+    stream = NuggetStream(model, window=32, segment=24, ratio=1, encoder=None, decoder=None)
+    with torch.no_grad():
+        logits = stream.feed(ids, return_logits=True)
+        with model.use_adapter(None):
+            full = model.llama(torch.tensor([ids])).logits[0]
+    assert stream.n > 100 and stream.kv_size == stream.n
+    assert (logits - full).abs().max() < 1e-3
+
+
 def test_ingest_ask_and_stream_with_sources(compressor):
     compressed = compressor.invoke(DOCS)
     assert [d.metadata["nuggets"]["n_nuggets"] for d in compressed] == [
