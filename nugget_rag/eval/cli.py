@@ -60,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--ae-lengths", type=int, nargs="+", metavar="N", help="autoencoding lengths (default 100..500)")
     parser.add_argument("--lm-window", type=int, nargs=3, metavar=("HISTORY", "CONTEXT", "TARGET"),
                         help="LM tokens: compressed history, explicit context, scored target (default 640 64 64)")
+    parser.add_argument("--long-articles", type=int, metavar="N",
+                        help="long_cnndm: CNN/DM articles joined into one document (default 10)")
     parser.add_argument("--speed-docs", type=int, nargs="+", metavar="N", help="documents per question (default 1 4 16)")
     parser.add_argument("--speed-repeats", type=int, help="timed repeats (default 3)")
     parser.add_argument("--optimal", action="store_true", help="also run the Scorer's greedy-optimal study (App. A)")
@@ -93,6 +95,8 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
     }
     if args.ae_lengths:
         values["ae_lengths"] = args.ae_lengths
+    if args.long_articles:
+        values["long_articles"] = args.long_articles
     if args.lm_window:
         values["lm"] = dict(zip(("history", "context", "target"), args.lm_window))
     speed = {}

@@ -8,13 +8,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa")
+TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa", "long_cnndm")
 DEFAULT_FILES = {
     "autoencoding": "python-3.11-docs.jsonl",
     "squad": "squad-dev-v1.1.json",
     "cnndm": "cnndm-test-250.jsonl",
     "lm": "wikitext-2-raw-test.txt",
     "hotpotqa": "hotpotqa-dev-distractor-53.json",
+    "long_cnndm": "cnndm-test-250.jsonl",
     "speed": "python-3.11-docs.jsonl",
 }
 def all_systems() -> list[str]:
@@ -67,6 +68,8 @@ class EvalConfig(BaseModel):
     batch_size: int = Field(4, ge=1)
     qa_max_new_tokens: int = Field(64, ge=1, description="Paper App. E: at most 64 new tokens.")
     summary_max_new_tokens: int = Field(128, ge=1)
+    long_articles: int = Field(10, ge=2, description="long_cnndm: consecutive articles joined into one document "
+                                                     "(10 make about 9,000 tokens, more than the default's positions).")
     ae_lengths: list[int] = Field(default_factory=lambda: [100, 200, 300, 400, 500],
                                   description="Autoencoding input lengths in tokens (Fig. 4 buckets).")
     ae_max_new_tokens: int | None = Field(None, ge=1, description="Reconstruction budget (default: 1.25 x length + 8).")

@@ -57,6 +57,8 @@ def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
         setup["max_new_tokens"] = cfg.qa_max_new_tokens
     elif task.kind == "summarization":
         setup["max_new_tokens"] = cfg.summary_max_new_tokens
+        if task.name == "long_cnndm":
+            setup["long_articles"] = cfg.long_articles
     elif task.kind == "autoencoding":
         setup.update(ae_lengths=list(cfg.ae_lengths), ae_max_new_tokens=cfg.ae_max_new_tokens)
     elif task.kind == "lm":

@@ -35,12 +35,12 @@ QUESTION = "What does this module do?"
 
 @contextmanager
 def no_eos():
-    saved = generation._eos_ids
-    generation._eos_ids = lambda model: set()
+    saved = generation.eos_ids
+    generation.eos_ids = lambda model: set()
     try:
         yield
     finally:
-        generation._eos_ids = saved
+        generation.eos_ids = saved
 
 
 def _sync(model) -> None:

@@ -1,0 +1,37 @@
+"""StreamingLLM (Xiao et al., 2024): attention sinks plus a recent window, training-free, as text.
+
+Each document keeps its first 4 tokens (the sinks) and its last k - 4, k = ceil(n / r) as the nuggets' budget, at
+contiguous positions, which is StreamingLLM's in-cache position scheme; the frozen model reads them in Full's
+prompt (language modelling: before the context)."""
+
+from __future__ import annotations
+
+from .base import Env, Reading, Skipped, System, budget, register
+
+SINKS = 4
+
+
+def sinks_and_recent(ids: list[int], keep: int) -> list[int]:
+    """The first SINKS tokens and the last keep - SINKS (all of them when they fit)."""
+    if keep >= len(ids):
+        return list(ids)
+    sinks = min(SINKS, keep)
+    return list(ids[:sinks]) + list(ids[len(ids) - (keep - sinks):])
+
+
+@register("streaming_llm")
+class StreamingLLM(System):
+    label = "StreamingLLM (sinks + recent, re-impl.)"
+    reimplementation = True
+    description = __doc__.split("\n\n")[1].replace("\n", " ")
+
+    def prepare(self, env: Env, queries, ratio):
+        tok = env.model.tokenizer
+        out = []
+        for q in queries:
+            if any(len(ids) == 0 for ids in q.document_ids):
+                out.append(Skipped("empty document"))
+                continue
+            kept = [sinks_and_recent(ids, budget(len(ids), ratio)) for ids in q.document_ids]
+            out.append(Reading(texts=[tok.decode(ids) for ids in kept], text_ids=kept))
+        return out
