@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from .config import DECODER
-from .layout import decoder_positions
+from .layout import NuggetLayout, decoder_positions
 from .model import NuggetModel
 from .state import NuggetState
 
@@ -131,15 +131,21 @@ def stream_generate(
     eos = eos_ids(model)
     generator = torch.Generator(model.device).manual_seed(settings.seed) if settings.seed is not None else None
     trackers = [TextTracker(model.tokenizer, settings.stop) for _ in prompts]
-    cache = DynamicCache()
     processors = settings.logits_processors()
     generated = torch.zeros(len(prompts), 0, dtype=torch.long, device=model.device)
     positions = decoder_positions(layout.next_positions, token_mask)
+    prefilled = prefill_nuggets(layout, token_mask)
+    cache = DynamicCache() if prefilled is None else prefilled[0]
     for step in range(steps):
         # The model is shared: `run` holds it for one step, never across a yield, so that other calls (another
         # stream, a compression) interleave with a paused stream instead of waiting for it. The KV cache is ours.
-        hidden = model.run(adapter, layout.reader(token_mask, embeds.shape[1]), inputs_embeds=embeds,
-                           position_ids=positions, cache=cache)
+        if prefilled is None:
+            hidden = model.run(adapter, layout.reader(token_mask, embeds.shape[1]), inputs_embeds=embeds,
+                               position_ids=positions, cache=cache)
+        else:  # the nuggets are the cache's first entries: standard attention (no mask at all without padding)
+            attention_mask = torch.cat([prefilled[1], token_mask], dim=1)
+            hidden = model.run(adapter, inputs_embeds=embeds, position_ids=positions, cache=cache,
+                               attention_mask=None if attention_mask.all() else attention_mask.long())
         logits = model.logits(hidden[:, -1])
         if processors and generated.shape[1]:
             logits = processors(generated, logits)
@@ -163,6 +169,18 @@ def stream_generate(
         embeds = model.llama.get_input_embeddings()(tokens[:, None])
         token_mask = torch.cat([token_mask, token_mask.new_ones(len(prompts), 1)], dim=1)
         positions = positions[:, -1:] + 1
+
+
+def prefill_nuggets(layout: NuggetLayout, token_mask: torch.Tensor) -> tuple[DynamicCache, torch.Tensor] | None:
+    """The nuggets (and prompt-prefix states) of a layout as the first entries of a KV cache, with their attention
+    mask ([batch, K], False on padding): generation then runs transformers' own attention. None where a row would
+    attend to nothing at all (left padding before a row without states), which the nugget mask handles instead.
+    Generation reads without gradients, so the straight-through bias, zero in the forward pass, is left out."""
+    present = torch.isfinite(layout.bias)
+    if not (present.any(dim=1).all() or token_mask.all()):
+        return None
+    cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in zip(layout.keys, layout.values)])
+    return cache, present
 
 
 def generate(

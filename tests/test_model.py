@@ -274,6 +274,32 @@ def test_generation_matches_transformers_generate(make_model, doc_ids):
         assert text == expected
 
 
+def test_generation_from_a_prefilled_cache_equals_the_nugget_mask_path(make_model, doc_ids, monkeypatch):
+    """Nuggets as the first entries of a DynamicCache (standard attention) give the hidden states of every step that
+    the nugget mask gives; rows of different nugget counts and prompt lengths (padding on both sides)."""
+    from nugget_rag import generation
+
+    model = make_model()
+    with torch.no_grad():
+        s1, s2 = model.compress([doc_ids(DOC), doc_ids(DOC2)])
+    run = model.run
+
+    def steps(prefill, samples, prompts) -> list[torch.Tensor]:
+        hidden = []
+        monkeypatch.setattr(generation, "prefill_nuggets", prefill)
+        monkeypatch.setattr(model, "run", lambda *a, **k: hidden.append(run(*a, **k)) or hidden[-1])
+        generate(model, samples, prompts, GenerationSettings(max_new_tokens=8))
+        return hidden[-8:]  # the first call also runs the prompt opening once (PrefixCache)
+
+    for samples, prompts in [([[s1], [s2, s1]], [doc_ids(PROMPT), doc_ids(PROMPT)[:5]]),  # padded: a 2-D mask
+                             ([[s2, s1]], [doc_ids(PROMPT)])]:  # one row: no mask at all
+        fast = steps(generation.prefill_nuggets, samples, prompts)
+        slow = steps(lambda layout, mask: None, samples, prompts)
+        real = model._pad(prompts, left=True)[1]
+        assert (fast[0][real] - slow[0][real]).abs().max() < 1e-4  # real tokens of the prompt pass
+        assert all((f - s).abs().max() < 1e-4 for f, s in zip(fast[1:], slow[1:]))
+
+
 def test_repetition_settings_act_on_the_generated_text(make_model, doc_ids):
     model = make_model()
     with torch.no_grad():
