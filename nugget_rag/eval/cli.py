@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--lm-window", type=int, nargs=3, metavar=("HISTORY", "CONTEXT", "TARGET"),
                         help="LM tokens: compressed history, explicit context, scored target (default 640 64 64)")
     parser.add_argument("--long-articles", type=int, metavar="N",
-                        help="long_cnndm: CNN/DM articles joined into one document (default 10)")
+                        help="long_cnndm: CNN/DM articles joined into one document (default 12)")
     parser.add_argument("--speed-docs", type=int, nargs="+", metavar="N", help="documents per question (default 1 4 16)")
     parser.add_argument("--speed-repeats", type=int, help="timed repeats (default 3)")
     parser.add_argument("--optimal", action="store_true", help="also run the Scorer's greedy-optimal study (App. A)")

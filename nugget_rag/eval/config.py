@@ -68,8 +68,8 @@ class EvalConfig(BaseModel):
     batch_size: int = Field(4, ge=1)
     qa_max_new_tokens: int = Field(64, ge=1, description="Paper App. E: at most 64 new tokens.")
     summary_max_new_tokens: int = Field(128, ge=1)
-    long_articles: int = Field(10, ge=2, description="long_cnndm: consecutive articles joined into one document "
-                                                     "(10 make about 9,000 tokens, more than the default's positions).")
+    long_articles: int = Field(12, ge=2, description="long_cnndm: consecutive articles joined into one document "
+                                                     "(12 make about 9,000 tokens, more than the default model's 8,192 positions).")
     ae_lengths: list[int] = Field(default_factory=lambda: [100, 200, 300, 400, 500],
                                   description="Autoencoding input lengths in tokens (Fig. 4 buckets).")
     ae_max_new_tokens: int | None = Field(None, ge=1, description="Reconstruction budget (default: 1.25 x length + 8).")
