@@ -141,7 +141,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     args.ratio = (read_manifest(args.index) or {}).get("ratio")
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
     index = NuggetIndex.open(args.index, compressor, load_embeddings(args))
-    app = create_app(index, args.index, max_pending=args.max_pending, max_body_bytes=args.max_body_bytes)
+    app = create_app(index, args.index, max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
+                     max_batch=args.max_batch)
     print(f"serving {args.index} ({len(index)} chunks) on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
@@ -235,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory (created if new)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=positive_int, default=8000)
+    serve.add_argument("--max-batch", type=positive_int, default=8, metavar="N",
+                       help="answers decoded together at most (concurrent requests share batches; default 8)")
     serve.add_argument("--max-pending", type=positive_int, default=32, metavar="N",
                        help="requests in flight before the server answers 503 (default 32)")
     serve.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, metavar="N",

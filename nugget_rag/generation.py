@@ -98,7 +98,6 @@ def next_token(logits: torch.Tensor, settings: GenerationSettings, generator: to
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.inference_mode()
 def stream_generate(
     model: NuggetModel,
     samples: Sequence[Sequence[NuggetState]],
@@ -114,6 +113,21 @@ def stream_generate(
     documents, then its prompt tokens (left-padded in the batch). The prompt is run once; every later step feeds
     one token per row against the cached keys/values.
     """
+    for pieces, _ in generation_steps(model, samples, prompts, settings, soft_prompt, adapter, prefixes):
+        yield pieces
+
+
+@torch.inference_mode()
+def generation_steps(
+    model: NuggetModel,
+    samples: Sequence[Sequence[NuggetState]],
+    prompts: Sequence[Sequence[int]],
+    settings: GenerationSettings | None = None,
+    soft_prompt: bool = False,
+    adapter: str | None = DECODER,
+    prefixes: Sequence[Sequence[int] | None] | None = None,
+) -> Iterator[tuple[list[str], list[bool]]]:
+    """`stream_generate`'s steps, each with whether every row is finished (that step's text is its last)."""
     settings = settings or GenerationSettings()
     if len(samples) != len(prompts):
         raise ValueError(f"got {len(samples)} document lists for {len(prompts)} prompts")
@@ -163,9 +177,9 @@ def stream_generate(
                 pieces.append(tracker.add(token))
         if step == steps - 1 or all(t.done for t in trackers):
             pieces = [p + t.finish() for p, t in zip(pieces, trackers)]
-            yield pieces
+            yield pieces, [True] * len(trackers)
             return
-        yield pieces
+        yield pieces, [t.done for t in trackers]
         embeds = model.llama.get_input_embeddings()(tokens[:, None])
         token_mask = torch.cat([token_mask, token_mask.new_ones(len(prompts), 1)], dim=1)
         positions = positions[:, -1:] + 1

@@ -14,6 +14,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .batching import BatchedGenerator
 from .compressor import NuggetCompressor, as_documents
 from .generation import GenerationSettings, stream_generate
 from .model import NuggetModel
@@ -89,6 +90,8 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
     compressor: NuggetCompressor
     prompt_template: str = Field(QA_PROMPT, description="Instruction with a {question} placeholder.")
     system_prompt: str | None = None
+    batcher: BatchedGenerator | None = Field(
+        None, description="Decode in batches shared with concurrent calls (one BatchedGenerator for all of them).")
 
     @field_validator("prompt_template")
     @classmethod
@@ -173,13 +176,18 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
         states = [f.state for f in found]
         prefix, prompt = self._prompt_ids(messages, with_documents=bool(docs))
         settings = self.generation_settings(stop, kwargs)
+        if self.batcher is not None:
+            steps = self.batcher.stream(states, prompt, settings, prefix=prefix)
+        else:
+            steps = (pieces[0] for pieces in stream_generate(self.compressor.model, [states], [prompt], settings,
+                                                               prefixes=[prefix]))
         generated = 0  # one token per step of the stream
-        for pieces in stream_generate(self.compressor.model, [states], [prompt], settings, prefixes=[prefix]):
+        for piece in steps:
             generated += 1
-            if pieces[0]:
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=pieces[0]))
+            if piece:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                 if run_manager:
-                    run_manager.on_llm_new_token(pieces[0], chunk=chunk)
+                    run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
         n_nuggets = sum(s.k for s in states)
         n_document_tokens = sum(s.n for s in states)

@@ -1,6 +1,6 @@
 """`nugget-rag serve`: a long-running HTTP server that keeps the model, the index and the nugget store warm.
 
-    GET  /health                     {"status": "ok", "model", "ratio", "chunks", "pending"}
+    GET  /health                     {"status": "ok", "model", "ratio", "chunks", "pending", "batches", "mean_batch"}
     POST /ask      {"question", "k"?, "max_new_tokens"?, "stream"?}
                    stream (default): NDJSON lines {"text": piece}..., then {"sources": [...], "usage": {...}}
                    otherwise: {"answer", "sources", "usage"}
@@ -10,8 +10,8 @@
                    user message is the question, answered from the retrieved chunks; the answer names its sources
 
 Requests beyond `max_pending` in flight get 503; bodies over `max_body_bytes` get 413; malformed or incomplete JSON
-gets 422. Streams of concurrent requests interleave token by token (the model is taken one step at a time); a
-client that disconnects ends its stream. Needs the [serve] and [retrieval] extras.
+gets 422. Answers to concurrent requests are decoded in shared batches of up to `max_batch` (batching.py); a
+client that disconnects leaves its batch. Needs the [serve] and [retrieval] extras.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .batching import BatchedGenerator
 from .llm import NuggetLLM
 
 
@@ -105,13 +106,14 @@ async def _too_large(limit: int, send) -> None:
 
 
 def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int = 32,
-               max_body_bytes: int = 1 << 20) -> BodyLimit:
+               max_body_bytes: int = 1 << 20, max_batch: int = 8) -> BodyLimit:
     """The server (an ASGI app) over a loaded `NuggetIndex` (its compressor, store and FAISS index); `index_dir`:
     the index's directory, which /ingest updates as `nugget-rag ingest` does (None: the index stays in memory)."""
     from .integrations import NuggetIndex, build_qa_chain
 
     app = FastAPI(title="nugget-rag", description=__doc__.split("\n\n")[0])
     compressor = index.compressor
+    batcher = BatchedGenerator(compressor.model, max_batch=max_batch)
     index_lock = threading.Lock()  # FAISS adds and searches, and saves, one at a time
     pending = {"count": 0}
     pending_lock = threading.Lock()
@@ -128,8 +130,10 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
 
     @app.get("/health")
     def health() -> dict:
+        sizes = batcher.batch_sizes
         return {"status": "ok", "model": compressor.model.base_name, "ratio": compressor.effective_ratio,
-                "chunks": len(index), "pending": pending["count"]}
+                "chunks": len(index), "pending": pending["count"], "batches": len(sizes),
+                "mean_batch": round(sum(sizes) / len(sizes), 2) if sizes else None}
 
     def answer(request: AskRequest) -> Iterator[dict]:
         """Admit the request, retrieve its chunks, then yield {"text"} pieces and a last {"sources", "usage"}. The
@@ -138,7 +142,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
             raise HTTPException(409, "the index is empty: ingest documents first (POST /ingest)")
         admit()
         try:
-            llm = NuggetLLM(compressor=compressor, max_new_tokens=request.max_new_tokens)
+            llm = NuggetLLM(compressor=compressor, max_new_tokens=request.max_new_tokens, batcher=batcher)
             with index_lock:
                 docs = index.as_retriever(k=request.k).invoke(request.question)
             chain = build_qa_chain(RunnableLambda(lambda _: docs), llm)

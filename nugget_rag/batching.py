@@ -1,0 +1,121 @@
+"""Batched decoding of concurrent requests (`nugget-rag serve`): requests that arrive within `wait_s` of each other
+with the same generation settings are decoded as one batch, one forward pass per step for all of them. Decoding a
+small model is bound by reading its weights, so a batch of 8 costs little more per step than one request."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from .config import DECODER
+from .generation import GenerationSettings, generation_steps
+from .model import NuggetModel
+from .state import NuggetState
+
+_END = object()
+
+
+@dataclass(eq=False)
+class _Row:
+    states: Sequence[NuggetState]
+    prompt: Sequence[int]
+    prefix: Sequence[int] | None
+    out: queue.Queue = field(default_factory=queue.Queue)
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class _Batch:
+    settings: GenerationSettings
+    adapter: str | None
+    rows: list[_Row] = field(default_factory=list)
+
+
+class BatchedGenerator:
+    """Decodes rows submitted from many threads in shared batches of at most `max_batch` rows.
+
+    `stream` returns one row's steps as `stream_generate` gives them for a single row: its new text per step, the
+    last step included. A row whose consumer stops (a client gone) leaves its batch; the others go on.
+    """
+
+    def __init__(self, model: NuggetModel, max_batch: int = 8, wait_s: float = 0.01):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.model, self.max_batch, self.wait_s = model, max_batch, wait_s
+        self._open: dict[tuple, _Batch] = {}  # batches still taking rows, by what they must share
+        self._lock = threading.Lock()
+        self.batch_sizes: list[int] = []  # of every batch run (for reports and tests)
+
+    def stream(self, states: Sequence[NuggetState], prompt: Sequence[int], settings: GenerationSettings,
+               prefix: Sequence[int] | None = None, adapter: str | None = DECODER) -> Iterator[str]:
+        row = _Row(list(states), list(prompt), prefix)
+        # a seeded sample is reproducible only alone: its random stream would be shared by the batch
+        key = (adapter, settings.model_dump_json()) if settings.seed is None else (id(row),)
+        with self._lock:
+            batch = self._open.get(key)
+            if batch is None:
+                batch = self._open[key] = _Batch(settings, adapter)
+                threading.Thread(target=self._run, args=(key, batch), daemon=True).start()
+            batch.rows.append(row)
+            if len(batch.rows) >= self.max_batch:
+                del self._open[key]
+        return self._pieces(row)
+
+    @staticmethod
+    def _pieces(row: _Row) -> Iterator[str]:
+        try:
+            while (item := row.out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            row.cancelled = True
+
+    def _run(self, key: tuple, batch: _Batch) -> None:
+        time.sleep(self.wait_s)
+        with self._lock:
+            if self._open.get(key) is batch:
+                del self._open[key]
+        rows = batch.rows
+        self.batch_sizes.append(len(rows))
+        try:
+            self._decode(rows, batch)
+        except Exception as err:
+            if len(rows) == 1:
+                rows[0].out.put(err)
+                return
+            for row in rows:  # one row's bad input (a prompt too long) must not fail the others: each alone
+                try:
+                    self._decode([row], batch)
+                except Exception as alone:
+                    row.out.put(alone)
+
+    def _decode(self, rows: list[_Row], batch: _Batch) -> None:
+        """Decode the rows together; raises only where no row has had a step yet (bad input), else hands the error
+        to every row still running."""
+        live, started = set(range(len(rows))), False
+        steps = generation_steps(self.model, [r.states for r in rows], [r.prompt for r in rows], batch.settings,
+                                 adapter=batch.adapter, prefixes=[r.prefix for r in rows])
+        try:
+            for pieces, done in steps:
+                started = True
+                for i in sorted(live):
+                    rows[i].out.put(pieces[i])
+                    if done[i]:
+                        rows[i].out.put(_END)
+                        live.discard(i)
+                if all(rows[i].cancelled for i in live):
+                    break
+        except Exception as err:
+            steps.close()
+            if not started:
+                raise
+            for i in live:
+                rows[i].out.put(err)
+            return
+        steps.close()
+        for i in live:
+            rows[i].out.put(_END)

@@ -1,0 +1,78 @@
+"""Batched decoding of concurrent requests on the tiny model."""
+
+import threading
+
+import pytest
+import torch
+
+from nugget_rag.batching import BatchedGenerator
+from nugget_rag.generation import GenerationSettings, generate
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.",
+         "A stitch in time saves nine.", "Water boils at one hundred degrees."]
+
+
+@pytest.fixture
+def setup(make_model, doc_ids):
+    model = make_model()
+    with torch.no_grad():
+        states = model.compress([doc_ids(t) for t in TEXTS])
+    prompts = [doc_ids(q) for q in ("Who?", "What is it?", "Where is the fox going now?", "When?")]
+    return model, states, prompts
+
+
+def run_together(batcher, states, prompts, settings) -> list[list[str]]:
+    results: list = [None] * len(prompts)
+
+    def ask(i):
+        results[i] = list(batcher.stream([states[i]], prompts[i], settings))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_concurrent_requests_share_a_batch_and_answer_as_alone(setup):
+    model, states, prompts = setup
+    settings = GenerationSettings(max_new_tokens=10)
+    batcher = BatchedGenerator(model, max_batch=8, wait_s=0.2)
+    steps = run_together(batcher, states, prompts, settings)
+    alone = [generate(model, [[s]], [p], settings)[0] for s, p in zip(states, prompts)]
+    assert max(batcher.batch_sizes) >= 2 and sum(batcher.batch_sizes) == 4
+    assert ["".join(s) for s in steps] == alone
+    assert all(1 <= len(s) <= 10 for s in steps)  # one item per step, as a single-row stream
+
+
+def test_batches_stop_at_max_batch_and_seeded_samples_run_alone(setup):
+    model, states, prompts = setup
+    batcher = BatchedGenerator(model, max_batch=2, wait_s=0.2)
+    run_together(batcher, states, prompts, GenerationSettings(max_new_tokens=3))
+    assert sorted(batcher.batch_sizes) == [2, 2]
+    seeded = BatchedGenerator(model, max_batch=8, wait_s=0.2)
+    run_together(seeded, states, prompts, GenerationSettings(max_new_tokens=3, temperature=1.0, seed=3))
+    assert seeded.batch_sizes == [1, 1, 1, 1]
+
+
+def test_a_consumer_that_leaves_does_not_stop_the_others(setup):
+    model, states, prompts = setup
+    settings = GenerationSettings(max_new_tokens=12)
+    batcher = BatchedGenerator(model, max_batch=8, wait_s=0.2)
+    first = batcher.stream([states[0]], prompts[0], settings)
+    second = batcher.stream([states[1]], prompts[1], settings)
+    next(first)
+    first.close()
+    assert "".join(second) == generate(model, [[states[1]]], [prompts[1]], settings)[0]
+
+
+def test_a_bad_row_fails_alone(setup):
+    model, states, prompts = setup
+    settings = GenerationSettings(max_new_tokens=4)
+    batcher = BatchedGenerator(model, max_batch=8, wait_s=0.2)
+    good = batcher.stream([states[0]], prompts[0], settings)
+    bad = batcher.stream([states[1]], [5] * 600, settings)  # longer than the tiny model's 512 positions
+    with pytest.raises(ValueError, match="positions"):
+        list(bad)
+    assert "".join(good) == generate(model, [[states[0]]], [prompts[0]], settings)[0]
