@@ -70,8 +70,8 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
     batch_size: int = Field(8, ge=1, description="Documents compressed in one forward pass.")
     segment_tokens: int | None = Field(None, ge=1, description="Longer documents are split (default: model positions).")
     kv_format: KVFormat = Field("bfloat16", description="How nugget keys/values are kept and stored: bfloat16 (half "
-                                "of float32's bytes), float16, float32, or int8 (a quarter; keys per channel, values "
-                                "per token). A state stored in another format is read as it is.")
+                                "of float32's bytes), float16, float32, int8 (a quarter; keys per channel, values per "
+                                "token) or int4 (an eighth). A state stored in another format is read as it is.")
     show_progress: bool = False
 
     @field_validator("ratio", mode="before")

@@ -14,9 +14,10 @@ from safetensors.torch import save as save_tensors
 
 FORMAT = "nugget-rag/state-v2"
 READABLE_FORMATS = ("nugget-rag/state-v1", FORMAT)  # v1: float32 keys and values, no kv_format
-KVFormat = Literal["float32", "bfloat16", "float16", "int8"]
+KVFormat = Literal["float32", "bfloat16", "float16", "int8", "int4"]
 KV_FORMATS: tuple[str, ...] = get_args(KVFormat)
 _FLOAT_FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_INT_BITS = {"int8": 8, "int4": 4}
 
 
 class CorruptStateError(ValueError):
@@ -32,8 +33,9 @@ class NuggetState:
     scores: [k] the Scorer's scores at those positions (they carry the gradient while training).
     n: the document's length in tokens; fingerprint: what produced the state ("<base model digest>:<digest of
     adapter, Scorer, r, ...>", `NuggetModel.fingerprint`); a decoder reads only states of its own base model.
-    kv_format: how keys and values are stored (`compact`): None (as the tensors are), a float dtype, or int8 (keys
-    quantised per channel, values per token, as KIVI does; held dequantised in float32 in memory).
+    kv_format: how keys and values are stored (`compact`): None (as the tensors are), a float dtype, or int8 / int4
+    (keys quantised per channel, values per token, as KIVI does; int4 packs two codes a byte; held dequantised in
+    float32 in memory).
     """
 
     keys: torch.Tensor
@@ -68,8 +70,9 @@ class NuggetState:
         if kv_format not in KV_FORMATS:
             raise ValueError(f"unknown kv_format {kv_format!r}; use one of {', '.join(KV_FORMATS)}")
         keys, values = self.keys.detach(), self.values.detach()
-        if kv_format == "int8":
-            keys, values = _dequantize(*_quantize(keys, dim=2)), _dequantize(*_quantize(values, dim=3))
+        if kv_format in _INT_BITS:
+            bits = _INT_BITS[kv_format]
+            keys, values = _dequantize(*_quantize(keys, 2, bits)), _dequantize(*_quantize(values, 3, bits))
         else:
             keys, values = keys.to(_FLOAT_FORMATS[kv_format]), values.to(_FLOAT_FORMATS[kv_format])
         return replace(self, keys=keys, values=values, scores=self.scores.detach(), kv_format=kv_format)
@@ -81,13 +84,16 @@ class NuggetState:
             "scores": self.scores.detach().float().contiguous().cpu(),
         }
         keys, values = self.keys.detach().cpu(), self.values.detach().cpu()
-        if self.kv_format == "int8":
+        if self.kv_format in _INT_BITS:
+            bits = _INT_BITS[self.kv_format]
             (tensors["keys"], tensors["key_scales"]), (tensors["values"], tensors["value_scales"]) = (
-                _quantize(keys, dim=2), _quantize(values, dim=3))
+                _quantize(keys, 2, bits), _quantize(values, 3, bits))
+            if bits == 4:
+                tensors["keys"], tensors["values"] = _pack4(tensors["keys"]), _pack4(tensors["values"])
         else:
             tensors["keys"], tensors["values"] = keys, values
         tensors = {name: t.contiguous() for name, t in tensors.items()}
-        kv_format = "int8" if self.kv_format == "int8" else str(keys.dtype).removeprefix("torch.")
+        kv_format = self.kv_format if self.kv_format in _INT_BITS else str(keys.dtype).removeprefix("torch.")
         meta = {"format": FORMAT, "kv_format": kv_format, "n": str(self.n), "fingerprint": self.fingerprint,
                 "tokens": json.dumps(self.tokens)}
         meta["digest"] = _digest(tensors, meta)
@@ -107,7 +113,9 @@ class NuggetState:
             if kv_format not in KV_FORMATS:
                 raise CorruptStateError(f"unknown kv_format {kv_format!r}")
             keys, values = tensors["keys"], tensors["values"]
-            if kv_format == "int8":
+            if kv_format == "int4":
+                keys, values = _unpack4(keys), _unpack4(values)
+            if kv_format in _INT_BITS:
                 keys, values = _dequantize(keys, tensors["key_scales"]), _dequantize(values, tensors["value_scales"])
             tokens = json.loads(meta["tokens"])
             state = cls(keys, values, tensors["positions"], tensors["scores"], tokens, int(meta["n"]),
@@ -120,11 +128,22 @@ class NuggetState:
         return state
 
 
-def _quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 codes of `x` and float32 absmax scales, one per slice along `dim` (reduced over it)."""
-    x = x.float()
-    scale = (x.abs().amax(dim=dim, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    return (x / scale).round().clamp(-127, 127).to(torch.int8), scale
+def _quantize(x: torch.Tensor, dim: int, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Signed codes of `bits` bits (as int8) of `x` and float32 absmax scales, one per slice along `dim`."""
+    x, top = x.float(), 2 ** (bits - 1) - 1
+    scale = (x.abs().amax(dim=dim, keepdim=True) / top).clamp(min=torch.finfo(torch.float32).tiny)
+    return (x / scale).round().clamp(-top, top).to(torch.int8), scale
+
+
+def _pack4(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (-7..7) two a byte along the last dimension (even: a rotary head's)."""
+    shifted = (codes + 8).to(torch.uint8)
+    return shifted[..., 0::2] | (shifted[..., 1::2] << 4)
+
+
+def _unpack4(packed: torch.Tensor) -> torch.Tensor:
+    low, high = (packed & 15).to(torch.int8) - 8, (packed >> 4).to(torch.int8) - 8
+    return torch.stack([low, high], dim=-1).flatten(-2)
 
 
 def _dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -335,7 +335,7 @@ def test_from_pretrained_takes_every_compressor_field_and_a_byte_store(tmp_path)
         NuggetCompressor.from_pretrained(None, base_model=tiny_base(), store=store, store_dir=tmp_path)
 
 
-@pytest.mark.parametrize("kv_format", ["bfloat16", "int8"])
+@pytest.mark.parametrize("kv_format", ["bfloat16", "int8", "int4"])
 def test_compressor_uses_states_exactly_as_the_store_gives_them_back(tmp_path, kv_format):
     model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
     fresh = NuggetCompressor(model=model, store=NuggetStore(directory=tmp_path), kv_format=kv_format).states(TEXTS)

@@ -300,7 +300,7 @@ def test_well_digested_but_malformed_entries_are_corrupt(bad):
         NuggetState.from_bytes(data)
 
 
-@pytest.mark.parametrize("kv_format", ["float32", "bfloat16", "float16", "int8"])
+@pytest.mark.parametrize("kv_format", ["float32", "bfloat16", "float16", "int8", "int4"])
 def test_compact_formats_round_trip_exactly_and_shrink_the_bytes(kv_format):
     g = torch.Generator().manual_seed(0)
     k = 64
@@ -309,10 +309,12 @@ def test_compact_formats_round_trip_exactly_and_shrink_the_bytes(kv_format):
     compact = state.compact(kv_format)
     read = NuggetState.from_bytes(compact.to_bytes())
     assert read.kv_format == kv_format and torch.equal(read.keys, compact.keys) and torch.equal(read.values, compact.values)
-    assert torch.allclose(read.keys.float(), state.keys, atol=0.05 * float(state.keys.abs().max()))
+    step = {"int8": 1 / 127, "int4": 1 / 7}.get(kv_format, 0.01)  # a quantisation step, relative to the largest
+    assert torch.allclose(read.keys.float(), state.keys, atol=step * float(state.keys.abs().max()))
     size, full = len(compact.to_bytes()), len(state.to_bytes())
     tensor_bytes = 2 * state.keys.numel() * 4
-    saved = {"float32": 0, "bfloat16": tensor_bytes / 2, "float16": tensor_bytes / 2, "int8": tensor_bytes * 3 / 4}
+    saved = {"float32": 0, "bfloat16": tensor_bytes / 2, "float16": tensor_bytes / 2, "int8": tensor_bytes * 3 / 4,
+             "int4": tensor_bytes * 7 / 8}
     assert size <= full - saved[kv_format] * 0.9  # scales and metadata cost little
 
 

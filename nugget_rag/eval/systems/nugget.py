@@ -43,3 +43,12 @@ class NuggetInt8(Nugget):
                    "(half bfloat16's bytes).")
     kv_format = "int8"
     in_default = False
+
+
+@register("nugget_int4")
+class NuggetInt4(Nugget):
+    label = "nugget-rag, int4 states"
+    description = ("As nugget-rag, with the nuggets' keys quantised to 4 bits per channel and values per token, two "
+                   "codes a byte (a quarter of bfloat16's bytes).")
+    kv_format = "int4"
+    in_default = False
