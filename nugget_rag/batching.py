@@ -1,6 +1,7 @@
-"""Batched decoding of concurrent requests (`nugget-rag serve`): requests that arrive within `wait_s` of each other
-with the same generation settings are decoded as one batch, one forward pass per step for all of them. Decoding a
-small model is bound by reading its weights, so a batch of 8 costs little more per step than one request."""
+"""Batched decoding of concurrent requests (`nugget-rag serve`): requests with the same generation settings are
+decoded as one batch, one forward pass per step for all of them. A batch takes the requests that arrive within
+`wait_s`, and, while the previous batch of those settings still decodes, every request that arrives until it ends.
+Decoding a small model is bound by reading its weights, so a batch of 8 costs little more per step than one."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class BatchedGenerator:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.max_batch, self.wait_s = model, max_batch, wait_s
         self._open: dict[tuple, _Batch] = {}  # batches still taking rows, by what they must share
+        self._turns: dict[tuple, threading.Lock] = {}  # held by the batch of those settings that decodes now
         self._lock = threading.Lock()
         self.batch_sizes: list[int] = []  # of every batch run (for reports and tests)
 
@@ -58,7 +60,8 @@ class BatchedGenerator:
             batch = self._open.get(key)
             if batch is None:
                 batch = self._open[key] = _Batch(settings, adapter)
-                threading.Thread(target=self._run, args=(key, batch), daemon=True).start()
+                turn = self._turns.setdefault(key, threading.Lock()) if settings.seed is None else threading.Lock()
+                threading.Thread(target=self._run, args=(key, batch, turn), daemon=True).start()
             batch.rows.append(row)
             if len(batch.rows) >= self.max_batch:
                 del self._open[key]
@@ -74,11 +77,15 @@ class BatchedGenerator:
         finally:
             row.cancelled = True
 
-    def _run(self, key: tuple, batch: _Batch) -> None:
-        time.sleep(self.wait_s)
-        with self._lock:
-            if self._open.get(key) is batch:
-                del self._open[key]
+    def _run(self, key: tuple, batch: _Batch, turn: threading.Lock) -> None:
+        with turn:  # the batch gathers rows until the previous one is done, then for wait_s
+            time.sleep(self.wait_s)
+            with self._lock:
+                if self._open.get(key) is batch:
+                    del self._open[key]
+            self._decode_batch(batch)
+
+    def _decode_batch(self, batch: _Batch) -> None:
         rows = batch.rows
         self.batch_sizes.append(len(rows))
         try:

@@ -76,3 +76,15 @@ def test_a_bad_row_fails_alone(setup):
     with pytest.raises(ValueError, match="positions"):
         list(bad)
     assert "".join(good) == generate(model, [[states[0]]], [prompts[0]], settings)[0]
+
+
+def test_requests_arriving_during_a_batch_gather_into_the_next(setup):
+    model, states, prompts = setup
+    settings = GenerationSettings(max_new_tokens=12)
+    batcher = BatchedGenerator(model, max_batch=8, wait_s=0.01)
+    first = batcher.stream([states[0]], prompts[0], settings)
+    next(first)  # the first batch decodes now
+    later = [batcher.stream([s], p, settings) for s, p in zip(states[1:], prompts[1:])]
+    for row in [first, *later]:
+        list(row)
+    assert batcher.batch_sizes == [1, 3]
