@@ -25,7 +25,8 @@ _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user"
 
 
 class GenerationOptions(BaseModel):
-    """The generation settings a chat model takes as fields, each overridable per call (`invoke(..., top_p=0.9)`)."""
+    """The generation settings a chat model takes as fields, each overridable per call (`invoke(..., top_p=0.9)`),
+    and what the package's chat models share (`_generate` from `_stream`, LangSmith parameters)."""
 
     max_new_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
@@ -43,6 +44,21 @@ class GenerationOptions(BaseModel):
     @property
     def nugget_model(self) -> NuggetModel:
         raise NotImplementedError
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """The whole answer, from `_stream` (the chat models stream natively)."""
+        final: ChatGenerationChunk | None = None
+        for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
+            final = chunk if final is None else final + chunk
+        message = AIMessage(content=final.message.content, response_metadata=final.message.response_metadata,
+                            usage_metadata=final.message.usage_metadata)
+        return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
@@ -211,17 +227,3 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
                 chunk_position="last",
             )
         )
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        final: ChatGenerationChunk | None = None
-        for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
-            final = chunk if final is None else final + chunk
-        message = AIMessage(content=final.message.content, response_metadata=final.message.response_metadata,
-                            usage_metadata=final.message.usage_metadata)
-        return ChatResult(generations=[ChatGeneration(message=message)])

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGenerationChunk
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from .autoregressive import NuggetStream
@@ -99,15 +99,6 @@ class NuggetStreamLLM(GenerationOptions, BaseChatModel):
                                "n_nuggets": int(stream.visible.sum()), "dropped": stream.dropped,
                                "model_name": self.model.base_name},
         ))
-
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        final: ChatGenerationChunk | None = None
-        for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
-            final = chunk if final is None else final + chunk
-        message = AIMessage(content=final.message.content, response_metadata=final.message.response_metadata,
-                            usage_metadata=final.message.usage_metadata)
-        return ChatResult(generations=[ChatGeneration(message=message)])
 
     # ------------------------------------------------------------------ kept conversations
     def _take(self, ids: list[int]) -> tuple[NuggetStream, tuple[int, ...]]:

@@ -183,6 +183,18 @@ def per_document(env: Env, queries: Sequence[Query], cache_name: str,
             for q in queries]
 
 
+def kept_text(env: Env, queries: Sequence[Query], keep: Callable[[list[int], Query], list[int]]) -> list[Reading | Skipped]:
+    """Each query's documents cut to the token ids `keep(ids, query)` chooses, read as text in Full's prompt."""
+    out: list[Reading | Skipped] = []
+    for q in queries:
+        if any(len(ids) == 0 for ids in q.document_ids):
+            out.append(Skipped("empty document"))
+            continue
+        kept = [keep(list(ids), q) for ids in q.document_ids]
+        out.append(Reading(texts=[env.model.tokenizer.decode(ids) for ids in kept], text_ids=kept))
+    return out
+
+
 def user_prompt(tokenizer, instruction: str) -> list[int]:
     return chat_token_ids(tokenizer, [{"role": "user", "content": instruction}])
 

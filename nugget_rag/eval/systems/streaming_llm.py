@@ -6,7 +6,7 @@ prompt (language modelling: before the context)."""
 
 from __future__ import annotations
 
-from .base import Env, Reading, Skipped, System, budget, register
+from .base import Env, System, budget, kept_text, register
 
 SINKS = 4
 
@@ -26,12 +26,4 @@ class StreamingLLM(System):
     description = __doc__.split("\n\n")[1].replace("\n", " ")
 
     def prepare(self, env: Env, queries, ratio):
-        tok = env.model.tokenizer
-        out = []
-        for q in queries:
-            if any(len(ids) == 0 for ids in q.document_ids):
-                out.append(Skipped("empty document"))
-                continue
-            kept = [sinks_and_recent(ids, budget(len(ids), ratio)) for ids in q.document_ids]
-            out.append(Reading(texts=[tok.decode(ids) for ids in kept], text_ids=kept))
-        return out
+        return kept_text(env, queries, lambda ids, q: sinks_and_recent(ids, budget(len(ids), ratio)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Env, Reading, Skipped, System, budget, register
+from .base import Env, System, budget, kept_text, register
 
 
 @register("truncation")
@@ -12,13 +12,7 @@ class Truncation(System):
                    "last ceil(n/r) tokens instead (the paper's Full at an equal number of states, Table 1).")
 
     def prepare(self, env: Env, queries, ratio):
-        tok = env.model.tokenizer
-        out = []
-        for q in queries:
-            if any(len(ids) == 0 for ids in q.document_ids):
-                out.append(Skipped("empty document"))
-                continue
-            kept = [ids[-budget(len(ids), ratio):] if q.kind == "lm" else ids[: budget(len(ids), ratio)]
-                    for ids in q.document_ids]
-            out.append(Reading(texts=[tok.decode(ids) for ids in kept], text_ids=kept))
-        return out
+        def keep(ids, q):
+            return ids[-budget(len(ids), ratio):] if q.kind == "lm" else ids[: budget(len(ids), ratio)]
+
+        return kept_text(env, queries, keep)
