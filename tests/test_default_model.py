@@ -42,8 +42,9 @@ def test_r1_nuggets_reproduce_the_base_model(compressor):
     with torch.no_grad():
         states = model.compress([doc], ratio=1, adapter=None)
         logits = model.decode([states], torch.tensor([prompt]), adapter=None).logits
+        opening = model.document_opening  # what documents are encoded and read after (the checkpoint's placement)
         with model.use_adapter(None):
-            full = model.llama(torch.tensor([doc + prompt])).logits[:, len(doc):]
+            full = model.llama(torch.tensor([opening + doc + prompt])).logits[:, len(opening) + len(doc):]
     assert (logits - full).abs().max() < 1e-3
 
 
@@ -108,7 +109,7 @@ def test_nuggets_in_the_user_turn_take_the_documents_place_in_fulls_prompt(compr
     before, after = prompt_around_documents(tok, [{"role": "user", "content": instruction}], in_user_turn=True)
     document = tok(DOCS[1].page_content, add_special_tokens=False)["input_ids"]
     assert before + document + after == chat_token_ids(tok, full_context_messages([DOCS[1].page_content], instruction))
-    assert compressor.model.config.placement == "before_prompt"  # the shipped checkpoint's layout, from its config
+    assert compressor.model.config.placement == "in_user_turn"  # the shipped checkpoint's layout, from its config
 
 
 def test_untrained_r1_nuggets_in_the_user_turn_are_fulls_prompt():

@@ -437,7 +437,7 @@ def test_checkpoints_record_the_placement_and_older_ones_read_before_the_prompt(
     del meta["config"]["placement"]
     (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
     assert NuggetModel.from_pretrained(tmp_path, base_model=tiny_base()).config.placement == "before_prompt"
-    assert read_checkpoint_meta(SHIPPED_CHECKPOINT)["config"]["placement"] == "before_prompt"
+    assert read_checkpoint_meta(SHIPPED_CHECKPOINT)["config"]["placement"] == "in_user_turn"
 
 
 def test_r1_without_adapters_reads_exactly_like_fulls_prompt(make_model, doc_ids):
