@@ -92,12 +92,11 @@ class NuggetStream:
         self.nugget_ids: list[int] = []
         self.encoder_window, self.decoder_window, self.window_ids = _KV(empty, empty), _KV(empty, empty), []
         self.open_ids: list[int] = []  # the segment being read
-        self.open_decoder = _KV(empty, empty)
         self.n = 0  # tokens read
         self.dropped = 0  # nuggets dropped by the cap
         self.last_logits: torch.Tensor | None = None  # what the last token read predicts
         self.generated: list[int] = []  # the ids the last `generate` produced (and read)
-        self._prefix: tuple | None = None  # the decoder's view of the past, for the open segment
+        self._prefix: tuple | None = None  # the decoder's past (`_compose`) for the open segment, its tokens included
 
     # ------------------------------------------------------------------ reading
     @property
@@ -208,33 +207,39 @@ class NuggetStream:
         bias = torch.cat([scores - scores.detach(), scores.new_zeros(len(window))])
         return rotate_keys(past.keys, steps, self.model.inv_freq), past.values, bias, count + len(window)
 
-    def _run(self, adapter: str | None, ids: list[int], past: tuple, extra: _KV | None = None) -> tuple:
-        """One pass over `ids` reading `past` (and `extra`, tokens of the open segment before them, at phase 0)."""
+    def _run(self, adapter: str | None, ids: list[int], past: tuple) -> tuple[torch.Tensor, _KV, torch.Tensor]:
+        """One pass over `ids` reading `past` (`_compose`'s); the hidden states, the tokens' key/values at their
+        positions in this layout, and those positions."""
         keys, values, bias, start = past
-        if extra is not None and len(extra):
-            steps = torch.arange(start, start + len(extra), device=keys.device)
-            keys = torch.cat([keys, rotate_keys(extra.keys, steps, self.model.inv_freq)], 2)
-            values, bias = torch.cat([values, extra.values], 2), torch.cat([bias, bias.new_zeros(len(extra))])
-            start += len(extra)
         steps = torch.arange(start, start + len(ids), device=keys.device)
         reader = ReadAndRecord(keys[:, None], values[:, None], bias[None],
                                torch.ones(1, len(ids), dtype=torch.bool, device=keys.device), len(ids))
         hidden = self.model.run(adapter, reader, input_ids=torch.tensor([ids], device=keys.device),
                                 position_ids=steps[None])
         new_keys, new_values = reader.recorded.stacked()
-        return hidden[0], _KV(rotate_keys(new_keys[:, 0], -steps, self.model.inv_freq), new_values[:, 0])
+        return hidden[0], _KV(new_keys[:, 0], new_values[:, 0]), steps
+
+    def _at_phase_zero(self, kv: _KV, steps: torch.Tensor) -> _KV:
+        return _KV(rotate_keys(kv.keys, -steps, self.model.inv_freq), kv.values)
 
     def _decode(self, ids: list[int]) -> torch.Tensor:
+        """The decoder's pass over tokens of the open segment; they join its view of the past for the next ones."""
         if self._prefix is None:
             self._prefix = self._compose(self.decoder_window)
-        hidden, recorded = self._run(self.settings.decoder, ids, self._prefix, self.open_decoder)
-        self.open_decoder = self.open_decoder + recorded
+        hidden, recorded, steps = self._run(self.settings.decoder, ids, self._prefix)
+        keys, values, bias, start = self._prefix
+        self._prefix = (torch.cat([keys, recorded.keys], 2), torch.cat([values, recorded.values], 2),
+                        torch.cat([bias, bias.new_zeros(len(ids))]), start + len(ids))
         return hidden
 
     def _close(self) -> None:
         """The open segment is complete: encode it, keep its nuggets, move the window on, apply the cap."""
         ids, start = self.open_ids, self.n - len(self.open_ids)
-        _, encoded = self._run(self.settings.encoder, ids, self._compose(self.encoder_window))
+        keys, values, _, end = self._prefix  # the decoder's past ends with the open segment's tokens
+        steps = torch.arange(end - len(ids), end, device=keys.device)
+        decoded = self._at_phase_zero(_KV(keys, values).last(len(ids)), steps)
+        _, encoded, steps = self._run(self.settings.encoder, ids, self._compose(self.encoder_window))
+        encoded = self._at_phase_zero(encoded, steps)
         scores = self.model.score(torch.tensor([self.window_ids + ids], device=self.model.device))[0]
         scores = scores[len(self.window_ids):]
         chosen = self._select(scores)
@@ -243,10 +248,9 @@ class NuggetStream:
         self.nugget_scores = torch.cat([self.nugget_scores, scores[chosen].to(self.nugget_scores.dtype)])
         self.nugget_ids += [ids[i] for i in chosen.tolist()]
         self.encoder_window = (self.encoder_window + encoded).last(self.window)
-        self.decoder_window = (self.decoder_window + self.open_decoder).last(self.window)
+        self.decoder_window = (self.decoder_window + decoded).last(self.window)
         self.window_ids = (self.window_ids + ids)[max(0, len(self.window_ids) + len(ids) - self.window):]
-        self.open_ids, self.open_decoder = [], self.open_decoder.take(slice(0, 0))
-        self._prefix = None
+        self.open_ids, self._prefix = [], None
         excess = int(self.visible.sum()) - self.max_nuggets
         if excess > 0:  # the oldest go first
             self.nuggets = self.nuggets.take(slice(excess, None))
