@@ -16,7 +16,7 @@ from nugget_rag.train.checkpoint import checkpoints
 from nugget_rag.train.cli import load_config
 from nugget_rag.train.config import Source, TrainConfig
 from nugget_rag.train.data import ExampleStream, Mixture
-from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
+from nugget_rag.train.trainer import CONFIG_FILE, METRICS_FILE, Trainer, train
 
 LENGTHS = {"document": 48, "query": 6, "answer": 12, "autoencoding": 24}
 NUGGET = {"ratio": 4, "scorer_layer": 2, "lora": {"rank": 4}}
@@ -138,6 +138,17 @@ def test_resume_refuses_other_settings(data, tmp_path):
     with pytest.raises(ValueError, match="lengths"):
         Trainer(config(tmp_path, [source("autoencoding", data)], max_steps=4, lengths={**LENGTHS, "autoencoding": 20}),
                 tiny_model())
+
+
+def test_resume_takes_a_setting_added_since_as_its_default(data, tmp_path):
+    train(config(tmp_path, [source("autoencoding", data)], max_steps=2, stream={}), tiny_model())
+    saved = tmp_path / "run" / CONFIG_FILE
+    written = json.loads(saved.read_text())
+    del written["stream"]  # as written before the setting existed
+    saved.write_text(json.dumps(written))
+    Trainer(config(tmp_path, [source("autoencoding", data)], max_steps=4, stream={}), tiny_model())
+    with pytest.raises(ValueError, match="stream"):
+        Trainer(config(tmp_path, [source("autoencoding", data)], max_steps=4), tiny_model())
 
 
 def test_init_from_default_needs_the_default_base_model(data, tmp_path):

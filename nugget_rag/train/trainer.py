@@ -18,6 +18,7 @@ import torch
 from accelerate import Accelerator, DistributedDataParallelKwargs, DistributedType
 from accelerate.utils import set_seed
 from datasets import Dataset
+from pydantic import TypeAdapter
 from tqdm.auto import tqdm
 
 from ..base_model import load_base_model
@@ -123,8 +124,8 @@ class Trainer:
         ratios, warm start) is allowed, with a warning that names it."""
         saved = self.out / CONFIG_FILE
         if checkpoint.latest(self.out) is not None and saved.is_file():
-            before = json.loads(saved.read_text())
             now = self.config.resume_key()
+            before = self._defaults(set(now)) | json.loads(saved.read_text())
             differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
             changed = [k for k in differ if k in RECIPE]
             if changed:
@@ -137,6 +138,12 @@ class Trainer:
                     f"{self.out} holds checkpoints of a run with other settings ({', '.join(differ)} differ); "
                     "resume with the same settings, or choose another output_dir"
                 )
+
+    def _defaults(self, names: set[str]) -> dict:
+        """The defaults of these settings: a setting added after a run began counts as its default there."""
+        fields = type(self.config).model_fields
+        return {k: TypeAdapter(fields[k].annotation).dump_python(fields[k].get_default(call_default_factory=True),
+                                                                 mode="json") for k in names if not fields[k].is_required()}
 
     def _data(self) -> tuple[Mixture, list]:
         cfg, tok = self.config, self.model.tokenizer
