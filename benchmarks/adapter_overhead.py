@@ -1,5 +1,6 @@
 """What the decoder adapter costs per call: the same nuggets and question read with adapters off, with the decoder
-as LoRA (three matrix products per adapted layer) and as merged weights (one; the default without autograd).
+as LoRA (three matrix products per adapted layer), as merged weights (one; the default without autograd) and, on a
+CPU, with every linear layer in int8 (`NuggetModel.merged_format = "int8"`).
 
     python benchmarks/adapter_overhead.py                  # the default model and shipped checkpoint
     python benchmarks/adapter_overhead.py --narrow 64      # its 30 layers at hidden width 64, randomly initialised
@@ -31,11 +32,12 @@ from nugget_rag.eval.speed import QUESTION, no_eos, timed_generation
 from nugget_rag.model import NuggetModel
 from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages
 
-MODES = {  # label: (adapter, merged_adapters)
-    "nuggets, adapters off": (None, ()),
-    "nuggets, decoder as LoRA": (DECODER, ()),
-    "nuggets, decoder merged": (DECODER, (DECODER,)),
+MODES = {  # label: (adapter, merged_adapters, merged_format)
+    "nuggets, adapters off": (None, (), "float"),
+    "nuggets, decoder as LoRA": (DECODER, (), "float"),
+    "nuggets, decoder merged": (DECODER, (DECODER,), "float"),
 }
+INT8 = {"nuggets, decoder merged, int8": (DECODER, (DECODER,), "int8")}  # CPU only
 
 
 def narrowed(base: BaseLM, width: int) -> BaseLM:
@@ -62,18 +64,19 @@ def measure(model: NuggetModel, args) -> dict:
     prefix, prompt = model.chat_prompt([{"role": "user", "content": instruction}])
     full_prompt = chat_token_ids(model.tokenizer, full_context_messages([model.tokenizer.decode(d) for d in docs],
                                                                         instruction))
-    runs = {"Full (adapters off)": ([], full_prompt, None, (), ())}
-    runs |= {label: (states, prompt, adapter, prefix, merged) for label, (adapter, merged) in MODES.items()}
+    modes = MODES | (INT8 if model.device.type == "cpu" and model.dtype == torch.float32 else {})
+    runs = {"Full (adapters off)": ([], full_prompt, None, (), (), "float")}
+    runs |= {label: (states, prompt, adapter, prefix, *how) for label, (adapter, *how) in modes.items()}
     times: dict[str, list[tuple[float, float]]] = {label: [] for label in runs}
-    setting = model.merged_adapters
+    setting = model.merged_adapters, model.merged_format
     try:
         with no_eos():
             for _ in range(args.repeats + 1):  # rounds over all systems, so that a busy spell hits them alike
-                for label, (samples, ids, adapter, pre, merged) in runs.items():
-                    model.merged_adapters = merged
+                for label, (samples, ids, adapter, pre, merged, weights) in runs.items():
+                    model.merged_adapters, model.merged_format = merged, weights
                     times[label].append(timed_generation(model, samples, ids, adapter, args.steps, prefix=pre))
     finally:
-        model.merged_adapters = setting
+        model.merged_adapters, model.merged_format = setting
     rows = {label: {"ttft_s": statistics.median(t[0] for t in measured[1:]),
                     "decode_s_per_token": statistics.median(t[1] for t in measured[1:])}
             for label, measured in times.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -19,6 +20,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .base_model import quiet_loading
 from .config import DECODER, ENCODER, LoraSettings
+from .int8 import Int8Linear
+
+MergedFormat = Literal["float", "int8"]
 
 
 def weights_version(params) -> tuple:
@@ -50,8 +54,16 @@ class Adapters:
         # instead of three (generation is then as fast per token as the base model), for the memory of one copy
         # of the adapted layers per adapter. Set to () to save that memory; add ENCODER to merge compression too.
         self.merged: tuple[str, ...] = (DECODER,)
-        self._merged_cache: dict[str, tuple[tuple, list[nn.Parameter | None]]] = {}
-        self.original_weights: list[nn.Parameter] | None = None  # the base weights while merged ones stand in
+        # "int8": those passes run every linear layer of the decoder stack as int8 (int8.py; CPU, float32 models)
+        self.merged_format: MergedFormat = "float"
+        # Each swappable linear layer as (parent, attribute): the LoRA layers' base layers, then the plain ones.
+        tuned = {id(m) for layer in self.layers for m in layer.modules()}
+        self.slots = [(layer, "base_layer") for layer in self.layers] + [
+            (parent, name) for parent in lm.model.layers.modules() if id(parent) not in tuned
+            for name, child in parent.named_children() if isinstance(child, nn.Linear) and id(child) not in tuned
+        ]
+        self._merged_cache: dict[tuple[str, str], tuple[tuple, list[nn.Module | None]]] = {}  # by adapter, format
+        self.original_modules: list[nn.Module] | None = None  # the slots' own layers while stand-ins are in place
 
     # ------------------------------------------------------------------ weights
     def named_parameters(self, adapter: str) -> list[tuple[str, nn.Parameter]]:
@@ -78,52 +90,61 @@ class Adapters:
     @contextmanager
     def use(self, adapter: str | None):
         """Run with one adapter active, or none (the frozen base model); in `merged` and without autograd, as
-        merged weights."""
+        merged weights (`merged_format`)."""
         merge = adapter in self.merged and not torch.is_grad_enabled()
-        if merge:  # adapters off, each adapted layer's weight swapped for its merged copy W + scale * B @ A
+        if merge:  # adapters off, each adapted layer swapped for its merged copy W + scale * B @ A
             switches = [(layer._active_adapter, True) for layer in self.layers]
         else:
             switches = [([adapter] if adapter else layer._active_adapter, adapter is None) for layer in self.layers]
-        with self._switched(switches), self._weights(self._merged_weights(adapter) if merge else None):
+        with self._switched(switches), self._swapped(self._merged_layers(adapter) if merge else None):
             yield
 
     @contextmanager
-    def _weights(self, merged: list[nn.Parameter | None] | None):
-        """Put the merged weights in place (None where a layer has none), or with merged=None the original ones,
-        also inside another adapter's merged pass; restore what was there afterwards."""
-        bases = [layer.get_base_layer() for layer in self.layers]
-        outer = self.original_weights
-        if merged is None and outer is None:  # nothing swapped, nothing to swap: the common case costs nothing
+    def _swapped(self, standins: list[nn.Module | None] | None):
+        """Put the stand-in layers in their slots (None: the slot keeps its own), or with standins=None the slots'
+        own layers, also inside another adapter's merged pass; restore what was there afterwards."""
+        outer = self.original_modules
+        if standins is None and outer is None:  # nothing swapped, nothing to swap: the common case costs nothing
             yield
             return
-        saved = [base._parameters["weight"] for base in bases]
+        saved = [parent._modules[name] for parent, name in self.slots]
         originals = outer or saved
-        chosen = [m if m is not None else o for m, o in zip(merged, originals)] if merged else originals
-        self.original_weights = originals if merged else None
+        chosen = [m if m is not None else o for m, o in zip(standins, originals)] if standins else originals
+        self.original_modules = originals if standins else None
         try:
-            for base, weight in zip(bases, chosen):
-                base._parameters["weight"] = weight
+            for (parent, name), module in zip(self.slots, chosen):
+                parent._modules[name] = module
             yield
         finally:
-            for base, weight in zip(bases, saved):
-                base._parameters["weight"] = weight
-            self.original_weights = outer
+            for (parent, name), module in zip(self.slots, saved):
+                parent._modules[name] = module
+            self.original_modules = outer
 
-    def _merged_weights(self, adapter: str) -> list[nn.Parameter | None]:
-        """The merged weight of each LoRA layer (None where the adapter is absent), rebuilt when a weight changed."""
-        bases = self.original_weights or [layer.get_base_layer().weight for layer in self.layers]
-        stamp = (self.version(adapter), weights_version(bases))
-        cached = self._merged_cache.get(adapter)
+    def _merged_layers(self, adapter: str) -> list[nn.Module | None]:
+        """Each slot's stand-in in `merged_format` (float: None where the adapter is absent), rebuilt when a
+        weight changed."""
+        originals = self.original_modules or [parent._modules[name] for parent, name in self.slots]
+        stamp = (self.version(adapter), weights_version(m.weight for m in originals))
+        key = (adapter, self.merged_format)
+        cached = self._merged_cache.get(key)
         if cached is None or cached[0] != stamp:
-            self._merged_cache.pop(adapter, None)  # free the stale copy before building the new one
+            self._merged_cache.pop(key, None)  # free the stale copy before building the new one
             with torch.no_grad():
-                weights = [
-                    nn.Parameter((w.float() + layer.get_delta_weight(adapter).float()).to(w.dtype), requires_grad=False)
-                    if adapter in layer.lora_A else None
-                    for layer, w in zip(self.layers, bases)
-                ]
-            cached = self._merged_cache[adapter] = (stamp, weights)
+                cached = self._merged_cache[key] = (stamp, [self._merged_layer(adapter, parent, module)
+                                                                for (parent, _), module in zip(self.slots, originals)])
         return cached[1]
+
+    def _merged_layer(self, adapter: str, parent: nn.Module, layer: nn.Linear) -> nn.Module | None:
+        weight = layer.weight
+        if isinstance(parent, BaseTunerLayer) and adapter in parent.lora_A:
+            weight = (weight.float() + parent.get_delta_weight(adapter).float()).to(weight.dtype)
+        elif self.merged_format == "float":
+            return None
+        if self.merged_format == "int8":
+            return Int8Linear(weight, layer.bias)
+        merged = nn.Linear(layer.in_features, layer.out_features, bias=False, device="meta")
+        merged.weight, merged.bias = nn.Parameter(weight, requires_grad=False), layer.bias
+        return merged
 
     @contextmanager
     def _switched(self, switches: list[tuple[list[str], bool]]):

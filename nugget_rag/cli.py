@@ -35,6 +35,14 @@ def load_compressor(args: argparse.Namespace, store_dir: Path | None = None) -> 
                 ratio=getattr(args, "ratio", None))
 
 
+def set_decoder_weights(compressor: NuggetCompressor, args: argparse.Namespace) -> None:
+    """--weights: how the decoder's passes run (int8: faster on a CPU)."""
+    try:
+        compressor.model.merged_format = args.weights
+    except ValueError as err:
+        raise UserError(f"--weights {args.weights}: {err}") from None
+
+
 def load_embeddings(args: argparse.Namespace) -> Embeddings:
     """The retrieval embeddings: the bundled all-MiniLM-L6-v2."""
     from .integrations import minilm_embeddings
@@ -84,6 +92,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     args.ratio = _manifest(args.index).get("ratio")  # read the nuggets the index was built with
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+    set_decoder_weights(compressor, args)
     index = NuggetIndex.load(args.index, compressor, load_embeddings(args))
     if not len(index):
         raise UserError(f"the index in {args.index} is empty; ingest documents into it first")
@@ -140,6 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     args.ratio = (read_manifest(args.index) or {}).get("ratio")
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+    set_decoder_weights(compressor, args)
     index = NuggetIndex.open(args.index, compressor, load_embeddings(args))
     app = create_app(index, args.index, max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
                      max_batch=args.max_batch)
@@ -199,6 +209,11 @@ def _manifest(index_dir: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- parser
+def add_weights_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", choices=["float", "int8"], default="float",
+                        help="the decoder's weights: int8 decodes 2-3x faster on a CPU (float32 models; default float)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     add_checkpoint_option(common)
@@ -228,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--url", help="ask a running `nugget-rag serve` instead, e.g. http://127.0.0.1:8000")
     ask.add_argument("-k", type=positive_int, default=4, help="chunks to read (default 4)")
     ask.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N", help="answer length (default 128)")
+    add_weights_option(ask)
     ask.set_defaults(func=cmd_ask)
 
     serve = commands.add_parser("serve", parents=[common], help="serve an index over HTTP",
@@ -242,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests in flight before the server answers 503 (default 32)")
     serve.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, metavar="N",
                        help="largest request body (default 1 MiB)")
+    add_weights_option(serve)
     serve.set_defaults(func=cmd_serve)
 
     inspect = commands.add_parser("inspect", parents=[common], help="show which tokens become nuggets",

@@ -55,9 +55,9 @@ def test_adapter_overhead_times_every_system_and_restores_the_merge_setting(make
     model = make_model(ratio=4.0)
     args = argparse.Namespace(documents=2, doc_tokens=24, ratio=4.0, steps=3, repeats=1)
     result = overhead.measure(model, args)
-    assert list(result["rows"]) == ["Full (adapters off)", *overhead.MODES]
+    assert list(result["rows"]) == ["Full (adapters off)", *overhead.MODES, *overhead.INT8]
     assert all(row["ttft_s"] > 0 and row["decode_s_per_token"] > 0 for row in result["rows"].values())
-    assert result["nuggets"] == 2 * 6 and model.merged_adapters == (DECODER,)
+    assert result["nuggets"] == 2 * 6 and model.merged_adapters == (DECODER,) and model.merged_format == "float"
     narrow = overhead.narrowed(tiny_base(layers=3), 16)
     assert narrow.model.config.hidden_size == 16 and narrow.model.config.num_hidden_layers == 3
 

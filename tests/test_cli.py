@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from test_integrations import HashEmbeddings
 from tiny import tiny_base
 
@@ -78,6 +79,23 @@ def test_ask_streams_an_answer_and_lists_sources(capsys, corpus, tmp_path, tiny_
     assert expected.content and answer == expected.content + "\n"
     lines = sources.strip().splitlines()
     assert len(lines) == 2 and lines[0].strip().startswith("jupiter  title='Jupiter'")
+
+
+def test_ask_with_int8_weights_decodes_in_int8(capsys, corpus, tmp_path, tiny_model):
+    index_dir = tmp_path / "index"
+    ingest(capsys, corpus, index_dir)
+    try:
+        assert cli.main(["ask", "Which planet?", "--index", str(index_dir), "--max-new-tokens", "3",
+                         "--weights", "int8"]) == 0
+        assert tiny_model.merged_format == "int8" and "Sources:" in capsys.readouterr().out
+    finally:
+        tiny_model.merged_format = "float"
+    tiny_model.to(torch.bfloat16)
+    try:
+        assert cli.main(["ask", "Which planet?", "--index", str(index_dir), "--weights", "int8"]) == 2
+        assert "--weights int8: int8 weights are for float32 models on a CPU" in capsys.readouterr().err
+    finally:
+        tiny_model.to(torch.float32)
 
 
 def test_ask_without_index_is_a_user_error(capsys, tmp_path):

@@ -14,6 +14,7 @@ from nugget_rag.attention import rotate_keys
 from nugget_rag.checkpoint_files import WEIGHTS_FILE
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.generation import GenerationSettings, generate, stream_generate
+from nugget_rag.int8 import MAX_INT8_ROWS, Int8Linear
 from nugget_rag.model import NuggetModel
 
 DOC = "The quick brown fox jumps over the lazy dog, then naps."
@@ -509,7 +510,7 @@ def test_decoder_runs_as_merged_weights_without_autograd(make_model, doc_ids):
             base = model.llama(ids).logits
         with model.use_adapter(DECODER), model.use_adapter(None):  # nested in a merged pass: the original weights
             nested = model.llama(ids).logits
-    assert torch.equal(nested, base) and model.adapters.original_weights is None
+    assert torch.equal(nested, base) and model.adapters.original_modules is None
     assert [layer.get_base_layer().weight for layer in model.adapters.layers] == weights
     model.merged_adapters = (DECODER, ENCODER)  # the encoder merges too when asked (its last layer's q/o have none)
     doc = [doc_ids("alpha beta gamma delta epsilon")]
@@ -523,6 +524,53 @@ def test_decoder_runs_as_merged_weights_without_autograd(make_model, doc_ids):
     model.merged_adapters = (DECODER,)  # with autograd the adapter runs unmerged, and trains
     model.decode([states], ids, labels=ids).loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.adapter_parameters(DECODER))
+
+
+def test_int8_merged_passes_swap_every_linear_layer_and_stay_close(make_model, doc_ids):
+    model = make_model(ratio=3)
+    states = model.compress([doc_ids("alpha beta gamma delta epsilon")])
+    ids = torch.tensor([doc_ids("which letter?")])
+    own = [parent._modules[name] for parent, name in model.adapters.slots]
+    assert len(own) == 7 * 4  # q, k, v, o adapted; gate, up, down plain; in each of 4 layers
+    seen = []
+    hook = model.llama.model.layers[0].mlp.register_forward_pre_hook(lambda m, _: seen.append(type(m.up_proj)))
+    with torch.no_grad():
+        before = model.fingerprint(adapter=DECODER)
+        stamp = model.weights_stamp(DECODER)
+        plain = model.decode([states], ids).logits
+        float_passes = len(seen)
+        model.merged_format = "int8"
+        int8 = model.decode([states], ids).logits
+    hook.remove()
+    assert set(seen[:float_passes]) == {torch.nn.Linear} and set(seen[float_passes:]) == {Int8Linear}
+    assert [parent._modules[name] for parent, name in model.adapters.slots] == own  # the own layers are back
+    assert not torch.equal(int8, plain)
+    assert torch.allclose(int8, plain, atol=0.02 * float(plain.abs().max()))
+    assert model.weights_stamp(DECODER) != stamp and model.fingerprint(adapter=DECODER) != before
+    assert model.fingerprint(adapter=ENCODER) == model.fingerprint(adapter=ENCODER)  # the encoder is not merged
+    model.decode([states], ids, labels=ids).loss.backward()  # with autograd: float LoRA, trains
+    assert all(p.grad is not None for p in model.adapter_parameters(DECODER))
+
+
+def test_int8_linear_takes_int8_rows_for_few_rows_and_the_float_weight_for_many():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 32), torch.randn(48)
+    layer = Int8Linear(weight, bias)
+    few, many = torch.randn(2, 3, 32), torch.randn(1, MAX_INT8_ROWS + 1, 32)
+    exact = torch.nn.functional.linear(few, weight, bias)
+    assert layer(few).shape == exact.shape and not torch.equal(layer(few), exact)
+    assert torch.allclose(layer(few), exact, atol=0.02 * float(exact.abs().max()))
+    assert torch.equal(layer(many), torch.nn.functional.linear(many, weight, bias))
+
+
+def test_int8_is_refused_where_its_kernels_cannot_run(make_model):
+    model = make_model()
+    with pytest.raises(ValueError, match="merged_format='int4'"):
+        model.merged_format = "int4"
+    model.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="int8 weights are for float32 models on a CPU; this one is bfloat16 on cpu"):
+        model.merged_format = "int8"
+    assert model.merged_format == "float"
 
 
 @pytest.mark.parametrize("variant", [

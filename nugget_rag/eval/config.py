@@ -64,6 +64,8 @@ class EvalConfig(BaseModel):
     base_model: Path | None = None
     device: str | None = None
     dtype: str | None = None
+    weights: Literal["float", "int8"] = Field(
+        "float", description="How the decoder adapter's passes run: int8 on a CPU (NuggetModel.merged_format).")
     threads: int | None = Field(None, ge=1)
     batch_size: int = Field(4, ge=1)
     qa_max_new_tokens: int = Field(64, ge=1, description="Paper App. E: at most 64 new tokens.")

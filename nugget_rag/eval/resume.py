@@ -53,6 +53,8 @@ def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
         "base_model": model.base_name, "device": model.device.type, "dtype": str(model.dtype).replace("torch.", ""),
         "batch_size": cfg.batch_size, "placement": model.config.placement,
     }
+    if model.merged_format != "float":
+        setup["weights"] = model.merged_format
     if task.kind == "qa":
         setup["max_new_tokens"] = cfg.qa_max_new_tokens
     elif task.kind == "summarization":

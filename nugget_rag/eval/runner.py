@@ -32,13 +32,15 @@ def machine_description(model: NuggetModel) -> str:
         where = torch.cuda.get_device_name(device)
     else:
         where = f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
-    return f"{where}; torch {torch.__version__}; {model.dtype}".replace("torch.", "")
+    weights = "" if model.merged_format == "float" else f", {model.merged_format} decoder"
+    return f"{where}; torch {torch.__version__}; {model.dtype}{weights}".replace("torch.", "")
 
 
 def load_models(cfg: EvalConfig) -> tuple[NuggetModel, NuggetModel | None, str | None]:
     from ..base_model import convert_default_model
 
     model = NuggetModel.from_pretrained(cfg.checkpoint, base_model=cfg.base_model, device=cfg.device, dtype=cfg.dtype)
+    model.merged_format = cfg.weights
     full = None
     if cfg.full_checkpoint is not None:
         full = NuggetModel.from_pretrained(cfg.full_checkpoint, base_model=cfg.base_model, device=cfg.device,
