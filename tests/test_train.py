@@ -151,6 +151,13 @@ def test_resume_takes_a_setting_added_since_as_its_default(data, tmp_path):
         Trainer(config(tmp_path, [source("autoencoding", data)], max_steps=4), tiny_model())
 
 
+def test_resume_ignores_init_from_which_only_shapes_a_start(data, tmp_path):
+    first = train(config(tmp_path, [source("autoencoding", data)], max_steps=2), tiny_model())
+    resumed = train(config(tmp_path, [source("autoencoding", data)], max_steps=3, init_from=str(first.final_dir)),
+                    tiny_model())
+    assert resumed.step == 3 and [x["step"] for x in resumed.losses] == [3]
+
+
 def test_init_from_default_needs_the_default_base_model(data, tmp_path):
     with pytest.raises(ValueError, match="pass a checkpoint directory"):
         Trainer(config(tmp_path, [source("autoencoding", data)], init_from="default"), tiny_model())

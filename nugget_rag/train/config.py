@@ -203,9 +203,10 @@ class TrainConfig(BaseModel):
         return (self.ratios.low, self.ratios.high) if self.ratios else (self.nugget.ratio, self.nugget.ratio)
 
     def resume_key(self) -> dict:
-        """The settings a resumed run must share with the run that wrote the checkpoint."""
+        """The settings a resumed run must share with the run that wrote the checkpoint (init_from only shapes a
+        run's start: a resumed one reads its own checkpoint)."""
         return self.model_dump(
             mode="json",
-            exclude={"output_dir", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
+            exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
                      "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype"},
         )

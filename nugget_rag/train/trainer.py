@@ -126,7 +126,7 @@ class Trainer:
         if checkpoint.latest(self.out) is not None and saved.is_file():
             now = self.config.resume_key()
             before = self._defaults(set(now)) | json.loads(saved.read_text())
-            differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            differ = sorted(k for k in now if before.get(k) != now[k])
             changed = [k for k in differ if k in RECIPE]
             if changed:
                 log.warning("resuming %s with another recipe: %s (was %s)", self.out,

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One bounded step of the recipe on a GPU machine (TRAINING.md, "On a GPU"): continue training, score dev, leave
+# an export small enough to bring back and commit. Re-run it and it goes on where it stopped.
+#
+#   bash scripts/gpu_session.sh OUT_DIR [SECONDS] [more `nugget-rag train` flags]
+#
+# SECONDS (default 540) bounds the whole step: training stops, with a checkpoint, early enough for the dev scoring
+# (EVAL_SECONDS, default 150) to fit. OUT_DIR receives at most 6 files:
+#   export/nugget.safetensors, export/nugget_config.json   the bf16 export (15 MB for the default model; its
+#                                                          config records the steps trained)
+#   dev.json, dev.md, dev-predictions.jsonl                dev SQuAD at r = 5 and 10 and dev autoencoding BLEU
+#                                                          (what finished within the limit)
+#   train.log                                              the run's log
+# Environment:
+#   RUN     training state (optimizer included), default /tmp/nugget-recipe: while it holds a checkpoint the
+#           step resumes from it exactly; otherwise training starts from INIT
+#   INIT    an export to start from (a previous step's OUT_DIR/export), default the shipped checkpoint
+#   CONFIG  the recipe, default configs/recipe-r10.yaml;  EVAL_LIMIT  dev questions, default 200
+#   PYTHON  an interpreter with nugget-rag importable; default .venv/bin/python, installed first if missing
+#   WHEELS  a folder of wheels to install offline first (a machine without a package index)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu_session.sh OUT_DIR [SECONDS] [train flags]}
+limit=${2:-540}
+shift $(( $# < 2 ? $# : 2 ))
+begin=$(date +%s)
+mkdir -p "$out"
+log() { echo "[gpu_session $(date +%T)] $*" | tee -a "$out/train.log"; }
+
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nugget-site "$WHEELS"/*.whl
+  export PYTHONPATH=/tmp/nugget-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+py=${PYTHON:-.venv/bin/python}
+if ! "$py" -c "import nugget_rag" 2>/dev/null; then
+  log "installing (scripts/install.sh)"
+  bash scripts/install.sh >>"$out/train.log" 2>&1
+  py=.venv/bin/python
+fi
+
+run=${RUN:-/tmp/nugget-recipe}
+init=${INIT:-default}
+eval_s=${EVAL_SECONDS:-150}
+train_s=$(( limit - eval_s - ($(date +%s) - begin) ))
+if [ "$train_s" -lt 30 ]; then
+  log "only ${train_s} s left for training after setup and the dev scoring's ${eval_s} s: give more SECONDS"
+  exit 2
+fi
+log "training for at most ${train_s} s into $run (from ${init} unless $run holds a checkpoint)"
+PYTHONUNBUFFERED=1 "$py" -m nugget_rag.train --config "${CONFIG:-configs/recipe-r10.yaml}" --output-dir "$run" \
+  --init-from "$init" --max-time "$train_s" "$@" 2>&1 | tr '\r' '\n' | grep -v '^training: ' >>"$out/train.log"
+
+rm -rf "$out/export" && cp -r "$run/final" "$out/export"
+left=$(( limit - ($(date +%s) - begin) - 5 ))
+if [ "$left" -lt 20 ]; then
+  log "no time left to score dev (setup outran EVAL_SECONDS=${eval_s}): the export is in $out/export"
+  exit 0
+fi
+log "scoring dev in at most ${left} s"
+timeout "$left" "$py" -m nugget_rag.cli eval --tasks squad autoencoding --systems nugget --ratios 5 10 --split dev \
+  --limit "${EVAL_LIMIT:-200}" --checkpoint "$out/export" --out-dir "$out" --name dev --no-plots -q \
+  >>"$out/train.log" 2>&1 || log "dev scoring stopped (rc $?): the export is in $out/export all the same"
+log "done in $(( $(date +%s) - begin )) s"
