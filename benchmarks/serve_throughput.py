@@ -5,7 +5,8 @@ request at a time, reading nuggets or Full's prompt, in one run.
 
 Each client asks SQuAD dev questions about their own passage (../shared/data; nuggets compressed beforehand, as a
 warm server holds them), greedy, `max-new-tokens` at most. Reports questions/s, generated tokens/s and p50/p95
-latency per setting, and the ratios against Full one at a time.
+latency per setting, and the ratios against Full one at a time; on a CPU also batched nuggets with int8 weights
+(`NuggetModel.merged_format`).
 """
 
 from __future__ import annotations
@@ -81,8 +82,13 @@ def main() -> int:
         full.append(([], chat_token_ids(tok, full_context_messages([record["context"]], instruction)), [], None))
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     rows = {}
-    for name, requests, batch in [("Full, one at a time", full, 1), ("Full, batched", full, args.clients),
-                                  ("nugget-rag, one at a time", nugget, 1), ("nugget-rag, batched", nugget, args.clients)]:
+    settings_rows = [("Full, one at a time", full, 1, "float"), ("Full, batched", full, args.clients, "float"),
+                     ("nugget-rag, one at a time", nugget, 1, "float"),
+                     ("nugget-rag, batched", nugget, args.clients, "float")]
+    if model.device.type == "cpu":
+        settings_rows.append(("nugget-rag, batched, int8 weights", nugget, args.clients, "int8"))
+    for name, requests, batch, weights in settings_rows:
+        model.merged_format = weights
         rows[name] = run(BatchedGenerator(model, max_batch=batch), requests, args.clients, settings)
     base = rows["Full, one at a time"]["questions_per_s"]
     print(f"{args.questions} SQuAD dev questions, {args.clients} clients, <= {args.max_new_tokens} new tokens, "
