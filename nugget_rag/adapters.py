@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
 
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -19,10 +18,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .base_model import quiet_loading
-from .config import DECODER, ENCODER, LoraSettings
+from .config import DECODER, ENCODER, LoraSettings, MergedFormat
 from .int8 import Int8Linear
-
-MergedFormat = Literal["float", "int8"]
 
 
 def weights_version(params) -> tuple:

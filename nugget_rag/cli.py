@@ -19,7 +19,14 @@ from pathlib import Path
 
 from langchain_core.embeddings import Embeddings
 
-from .cli_options import UserError, add_checkpoint_option, add_verbose_option, positive_int, ratio_arg
+from .cli_options import (
+    UserError,
+    add_checkpoint_option,
+    add_verbose_option,
+    add_weights_option,
+    positive_int,
+    ratio_arg,
+)
 from .compressor import NuggetCompressor
 from .llm import NuggetLLM
 
@@ -209,11 +216,6 @@ def _manifest(index_dir: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- parser
-def add_weights_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--weights", choices=["float", "int8"], default="float",
-                        help="the decoder's weights: int8 decodes 2-3x faster on a CPU (float32 models; default float)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     add_checkpoint_option(common)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import get_args
 
 from .checkpoint_files import DEFAULT_CHECKPOINT
-from .config import NuggetConfig
+from .config import MergedFormat, NuggetConfig
 
 
 class UserError(Exception):
@@ -44,3 +45,9 @@ def add_checkpoint_option(parser: argparse.ArgumentParser) -> None:
 
 def add_verbose_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-vv: debug)")
+
+
+def add_weights_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", choices=get_args(MergedFormat), default="float",
+                        help="the decoder's weights: int8 decodes about 1.8x faster on a CPU (float32 models; "
+                             "default float)")

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ENCODER = "encoder"
 DECODER = "decoder"
+MergedFormat = Literal["float", "int8"]  # how passes without autograd run merged adapters (adapters.py, int8.py)
 
 
 class LoraSettings(BaseModel):

@@ -3,7 +3,7 @@ inputs keep their precision), multiplied by torch's int8-weight kernel in bfloat
 
 Decoding a token reads every weight once, so a CPU spends it waiting on memory; an int8 weight is a quarter of
 float32's bytes. Quantising the inputs too (torch's dynamic quantisation) is faster still but breaks on LLaMA's
-outlier channels (next-token KL 1.2 against 0.005 here, BENCHMARKS.md "int8 weights"). A pass over many rows
+outlier channels (next-token KL 1.44 against 0.0066, BENCHMARKS.md "int8 weights for CPU decoding"). A pass over many rows
 (a prompt) runs on the float weight, where the int8 kernel is slower than float32's.
 """
 

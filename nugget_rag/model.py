@@ -22,11 +22,11 @@ from torch import nn
 
 from . import checkpoint_files as ckpt
 from . import layout as positions
-from .adapters import Adapters, MergedFormat, weights_version
+from .adapters import Adapters, weights_version
 from .attention import CaptureNuggets, ReadNuggets
 from .attention import install as install_attention
 from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
-from .config import DECODER, ENCODER, NuggetConfig
+from .config import DECODER, ENCODER, MergedFormat, NuggetConfig
 from .int8 import Int8Linear, check_int8_support
 from .layout import NuggetLayout
 from .prefix_cache import PrefixCache
@@ -103,8 +103,8 @@ class NuggetModel(nn.Module):
     @property
     def merged_format(self) -> MergedFormat:
         """How the merged adapters' passes run: "float" (the model's dtype) or "int8" (every linear layer of the
-        decoder stack and the output layer in int8, inputs quantised per call: 2-3x faster decoding on a CPU;
-        float32 CPU models only; int8.py)."""
+        decoder stack and the output layer with int8 weights: 1.8x faster decoding on a CPU; float32 CPU models
+        only; int8.py)."""
         return self.adapters.merged_format
 
     @merged_format.setter

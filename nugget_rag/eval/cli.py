@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli_options import add_checkpoint_option
+from ..cli_options import add_checkpoint_option, add_weights_option
 from .config import TASKS, EvalConfig, all_systems
 
 
@@ -55,8 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--base-model", type=Path, help="base LLaMA directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    parser.add_argument("--weights", choices=["float", "int8"], default="float",
-                        help="the decoder's weights when it reads nuggets: int8 decodes faster on a CPU (default float)")
+    add_weights_option(parser)
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--ae-lengths", type=int, nargs="+", metavar="N", help="autoencoding lengths (default 100..500)")

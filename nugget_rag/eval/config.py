@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..config import MergedFormat
+
 TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa", "long_cnndm")
 DEFAULT_FILES = {
     "autoencoding": "python-3.11-docs.jsonl",
@@ -64,7 +66,7 @@ class EvalConfig(BaseModel):
     base_model: Path | None = None
     device: str | None = None
     dtype: str | None = None
-    weights: Literal["float", "int8"] = Field(
+    weights: MergedFormat = Field(
         "float", description="How the decoder adapter's passes run: int8 on a CPU (NuggetModel.merged_format).")
     threads: int | None = Field(None, ge=1)
     batch_size: int = Field(4, ge=1)
