@@ -127,21 +127,34 @@ def test_curriculum_range_is_checked(tmp_path):
         config(tmp_path, [QA_ONE], ratios={"low": 8, "high": 2})
 
 
-def test_scorer_warm_start_moves_the_scorer_towards_observed_attention(data, tmp_path):
+@pytest.mark.parametrize("signal", ["observed_attention", "kvzip"])
+def test_scorer_warm_start_moves_the_scorer_towards_its_signal(data, tmp_path, signal):
     model = tiny_model()
     documents = [[5 + (i * 7 + j) % 60 for j in range(30)] for i in range(3)]
-    targets = importance_targets(model, documents)
+    targets = importance_targets(model, documents, signal)
     assert all(abs(float(t.sum()) - 1) < 1e-5 and len(t) == 29 for t in targets)
+    other = importance_targets(model, documents, "kvzip" if signal == "observed_attention" else "observed_attention")
+    assert not torch.allclose(targets[0], other[0], atol=1e-3)  # the two signals differ
     before = float(scorer_loss(model, documents, targets).detach())
     cfg = config(tmp_path, [qa_source(data), source("autoencoding", data)], max_steps=1,
-                 scorer_warm_start={"steps": 30, "lr": 1e-2})
+                 scorer_warm_start={"steps": 30, "lr": 1e-2, "signal": signal})
     encoder = [p.detach().clone() for p in model.adapter_parameters(ENCODER)]
     trainer = Trainer(cfg, model)
     trainer._warm_start()
     assert float(scorer_loss(model, documents, targets).detach()) < before
     assert all(torch.equal(a, b) for a, b in zip(encoder, model.adapter_parameters(ENCODER)))  # Scorer only
     line = json.loads((tmp_path / "run" / METRICS_FILE).read_text().splitlines()[-1])
-    assert line["kind"] == "warm_start" and line["kl_last"] < line["kl_first"]
+    assert line["kind"] == "warm_start" and line["signal"] == signal and line["kl_last"] < line["kl_first"]
+
+
+def test_zero_steps_exports_the_warm_started_scorer(data, tmp_path):
+    model = tiny_model()
+    scorer = [p.detach().clone() for p in model.scorer.parameters()]
+    cfg = config(tmp_path, [qa_source(data)], max_steps=0, scorer_warm_start={"steps": 3, "signal": "kvzip"})
+    result = train(cfg, model)
+    assert result.step == 0 and not any(torch.equal(a, b) for a, b in zip(scorer, model.scorer.parameters()))
+    record = read_checkpoint_meta(result.final_dir)["training"]
+    assert record["steps"] == 0 and record["scorer_warm_start"]["signal"] == "kvzip"
 
 
 def test_a_resumed_run_with_another_recipe_is_warned_about(data, tmp_path, caplog):

@@ -136,14 +136,19 @@ class RatioCurriculum(BaseModel):
         return self
 
 
+WarmStartSignal = Literal["observed_attention", "kvzip"]
+
+
 class ScorerWarmStart(BaseModel):
-    """Before training, regress the Scorer onto a training-free importance signal: the attention that the frozen
-    model's later tokens pay each position of a document (observed attention, H2O)."""
+    """Before training, regress the Scorer onto a training-free importance signal of the frozen model: the attention
+    its later tokens pay each position of a document (observed attention, H2O), or the most attention a position
+    gets while the model repeats the document (KVzip)."""
 
     model_config = ConfigDict(extra="forbid")
 
     steps: int = Field(0, ge=0, description="Scorer-only steps before step 0 (0: no warm start).")
     lr: float = Field(1e-3, gt=0, description="Learning rate of the warm start.")
+    signal: WarmStartSignal = Field("observed_attention", description="The importance signal the Scorer fits.")
 
 
 class TrainConfig(BaseModel):
@@ -166,7 +171,8 @@ class TrainConfig(BaseModel):
     optim: Optimizer = Field(default_factory=Optimizer)
     batch_size: int = Field(4, ge=1, description="Examples per micro-batch (per process).")
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimiser step.")
-    max_steps: int = Field(1000, ge=1, description="Optimiser steps (the schedule spans them).")
+    max_steps: int = Field(1000, ge=0, description="Optimiser steps (the schedule spans them; 0: only the Scorer "
+                                                   "warm start, then the export).")
     max_time: float | None = Field(None, gt=0, description="Stop (with a checkpoint) after this many seconds.")
     eval_every: int = Field(100, ge=0, description="Steps between dev evaluations (0: only at the end).")
     eval_examples: int = Field(32, ge=1, description="Dev examples per source in an evaluation.")

@@ -205,17 +205,19 @@ class Trainer:
         batches = Mixture(streams, [cfg.data[i].weight for i in kept], cfg.seed + 1, cfg.batch_size,
                           self.model.tokenizer.pad_token_id)
         self.model.train()
-        losses = warm_start_scorer(self.model, batches, cfg.scorer_warm_start.steps, cfg.scorer_warm_start.lr)
+        warm = cfg.scorer_warm_start
+        losses = warm_start_scorer(self.model, batches, warm.steps, warm.lr, warm.signal)
         if losses:
-            self._metric({"kind": "warm_start", "step": 0, "steps": len(losses), "kl_first": round(losses[0], 4),
-                          "kl_last": round(losses[-1], 4)})
+            self._metric({"kind": "warm_start", "step": 0, "steps": len(losses), "signal": warm.signal,
+                          "kl_first": float(f"{losses[0]:.4g}"),
+                          "kl_last": float(f"{losses[-1]:.4g}")})
 
     def training_record(self) -> dict:
         """How the exported parts were trained (written beside them)."""
         cfg = self.config
         return {"steps": self.step, "ratios": list(cfg.ratio_range()), "objectives": self.names,
                 "distill": cfg.distill.model_dump(mode="json") if cfg.distill.weight > 0 else None,
-                "scorer_warm_start_steps": cfg.scorer_warm_start.steps}
+                "scorer_warm_start": cfg.scorer_warm_start.model_dump(mode="json")}
 
     def _lr_factor(self, step: int) -> float:
         warmup, total = self.config.optim.warmup_steps, self.config.max_steps

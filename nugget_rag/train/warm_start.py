@@ -1,9 +1,10 @@
 """Scorer warm start: before end-to-end training, teach the Scorer a training-free importance signal.
 
-The signal is observed attention (H2O; kvpress's ObservedAttentionPress): in the frozen model's pass over a
-document alone, the attention its later tokens pay each position. The Scorer's scores over a document's positions,
-as a softmax, are fitted to that attention mass, normalised, by a KL (a listwise ranking loss: top-k selection
-reads only the order of the scores).
+The signal is one of the training-free key/value selections of the harness: observed attention (H2O; kvpress's
+ObservedAttentionPress), the attention that the frozen model's later tokens pay each position of a document read
+alone; or KVzip's reconstruction attention, the most attention a position gets while the frozen model repeats the
+document. The Scorer's scores over a document's positions, as a softmax, are fitted to the signal, normalised, by a
+KL (a listwise ranking loss: top-k selection reads only the order of the scores).
 """
 
 from __future__ import annotations
@@ -15,18 +16,25 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..eval.systems._kv import frozen_pass
+from ..eval.systems.kvzip import reconstruction_passes
 from ..eval.systems.observed_attention import observed_scores
 from ..model import NuggetModel
+from .config import WarmStartSignal
 from .data import Mixture
 
 log = logging.getLogger(__name__)
 
 
-def importance_targets(model: NuggetModel, documents: list[list[int]]) -> list[torch.Tensor]:
-    """Observed-attention mass over each document's positions but the last (always kept), summing to 1."""
+def importance_targets(model: NuggetModel, documents: list[list[int]],
+                       signal: WarmStartSignal = "observed_attention") -> list[torch.Tensor]:
+    """The signal over each document's positions but the last (always kept), summing to 1."""
+    if signal == "kvzip":
+        scores = [s for _, s in reconstruction_passes(model, documents)]
+    else:
+        scores = [observed_scores(model, run) for run in frozen_pass(model, documents, queries=True)]
     targets = []
-    for ids, run in zip(documents, frozen_pass(model, documents, queries=True)):
-        mass = observed_scores(model, run)[: len(ids) - 1].clamp(min=0)
+    for ids, score in zip(documents, scores):
+        mass = score[: len(ids) - 1].clamp(min=0)
         targets.append(mass / mass.sum().clamp(min=1e-12))
     return targets
 
@@ -42,7 +50,8 @@ def scorer_loss(model: NuggetModel, documents: list[list[int]], targets: list[to
     return torch.stack(losses).mean()
 
 
-def warm_start_scorer(model: NuggetModel, batches: Mixture, steps: int, lr: float) -> list[float]:
+def warm_start_scorer(model: NuggetModel, batches: Mixture, steps: int, lr: float,
+                      signal: WarmStartSignal = "observed_attention") -> list[float]:
     """`steps` Scorer-only AdamW steps on documents drawn from `batches` (sources with documents); the losses."""
     optimizer = torch.optim.AdamW(model.scorer.parameters(), lr=lr)
     losses = []
@@ -50,12 +59,11 @@ def warm_start_scorer(model: NuggetModel, batches: Mixture, steps: int, lr: floa
         documents = [d for docs in batches.next_batch().documents for d in docs if len(d) > 1]
         if not documents:
             continue
-        loss = scorer_loss(model, documents, importance_targets(model, documents))
+        loss = scorer_loss(model, documents, importance_targets(model, documents, signal))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
     if losses:
-        log.info("Scorer warm start: %d steps, KL to observed attention %.4f -> %.4f", len(losses), losses[0],
-                 losses[-1])
+        log.info("Scorer warm start: %d steps, KL to %s %.4f -> %.4f", len(losses), signal, losses[0], losses[-1])
     return losses
