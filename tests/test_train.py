@@ -1,11 +1,13 @@
 """Training on the tiny model: every objective runs, overfitting works, resume is exact, frozen parts stay frozen."""
 
 import json
+import random
 
 import pytest
 import torch
 from pydantic import ValidationError
 from tiny import tiny_base
+from torch.utils.flop_counter import FlopCounterMode
 
 from nugget_rag.cli import build_parser, main
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
@@ -16,6 +18,7 @@ from nugget_rag.train.checkpoint import checkpoints
 from nugget_rag.train.cli import load_config
 from nugget_rag.train.config import Source, TrainConfig
 from nugget_rag.train.data import ExampleStream, Mixture
+from nugget_rag.train.flops import FlopCounter
 from nugget_rag.train.trainer import CONFIG_FILE, METRICS_FILE, Trainer, train
 
 LENGTHS = {"document": 48, "query": 6, "answer": 12, "autoencoding": 24}
@@ -209,6 +212,51 @@ def test_processes_draw_disjoint_slices_of_one_batch():
         assert sorted(a + b) == sorted(whole) and not set(a) & set(b)
     with pytest.raises(ValueError, match="rank 2"):
         Mixture([ExampleStream(examples, seed=3)], [1.0], 0, 2, 0, rank=2, world=2)
+
+
+def test_grouping_by_length_pads_less_with_the_same_examples_and_resumes():
+    rng = random.Random(0)
+    examples = [{"input_ids": [i + 1] * rng.randint(1, 60), "target_start": 0, "documents": [[i + 1] * rng.randint(1, 200)],
+                 "references": [str(i)], "prefix": []} for i in range(64)]
+
+    def mixture(group: int) -> Mixture:
+        return Mixture([ExampleStream(examples, seed=3)], [1.0], 0, 4, 0, group_by_length=group)
+
+    def padding(batch) -> int:
+        docs = [len(d[0]) for d in batch.documents]
+        return batch.token_mask.numel() - int(batch.token_mask.sum()) + len(docs) * max(docs) - sum(docs)
+
+    plain, grouped = mixture(0), mixture(8)
+    plain_batches = [plain.next_batch() for _ in range(8)]
+    grouped_batches = [grouped.next_batch() for _ in range(8)]
+    firsts = lambda batches: sorted(int(b.input_ids[i, 0]) for b in batches for i in range(len(b.documents)))  # noqa: E731
+    assert firsts(plain_batches) == firsts(grouped_batches)  # one group: the same 32 examples
+    assert sum(map(padding, grouped_batches)) < 0.7 * sum(map(padding, plain_batches))
+
+    resumed, going = mixture(8), mixture(8)
+    for _ in range(11):
+        going.next_batch()
+    resumed.load_state_dict(json.loads(json.dumps(going.state_dict())))
+    for _ in range(7):  # across the end of the second group
+        assert torch.equal(resumed.next_batch().input_ids, going.next_batch().input_ids)
+
+
+def test_metric_lines_report_model_flops_and_utilisation(data, tmp_path):
+    cfg = config(tmp_path, [source("autoencoding", data)], max_steps=2, log_every=1, peak_tflops=1.0)
+    line = train(cfg, tiny_model()).losses[-1]
+    assert line["model_tflops_per_s"] > 0 and line["mfu"] == pytest.approx(line["model_tflops_per_s"], rel=0.01)
+
+
+def test_flop_counter_matches_torchs_count_of_a_forward_pass():
+    """torch's FlopCounterMode on eager attention, which computes the whole square of scores where the counter
+    counts the causal half that a token needs."""
+    model = tiny_base(attn_implementation="eager").model
+    counter, layers, tokens = FlopCounter(model.config), model.config.num_hidden_layers, 24
+    with FlopCounterMode(display=False) as measured, torch.no_grad():
+        model(input_ids=torch.randint(0, model.config.vocab_size, (1, tokens)))
+    masked = counter.attention * layers * (tokens * tokens - tokens * (tokens + 1) // 2)
+    assert measured.get_total_flops() == counter.forward([(tokens, 0)], targets=tokens) + masked
+    assert counter.trained([(tokens, 4)]) == 2 * counter.forward([(tokens, 4)])
 
 
 def test_empty_documents_are_skipped_and_counted(data, tmp_path):

@@ -171,6 +171,8 @@ class TrainConfig(BaseModel):
     optim: Optimizer = Field(default_factory=Optimizer)
     batch_size: int = Field(4, ge=1, description="Examples per micro-batch (per process).")
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimiser step.")
+    group_by_length: int = Field(0, ge=0, description="Draw this many micro-batches of a source at once and batch "
+                                                     "examples of similar lengths together (less padding; 0: off).")
     max_steps: int = Field(1000, ge=0, description="Optimiser steps (the schedule spans them; 0: only the Scorer "
                                                    "warm start, then the export).")
     max_time: float | None = Field(None, gt=0, description="Stop (with a checkpoint) after this many seconds.")
@@ -191,6 +193,8 @@ class TrainConfig(BaseModel):
     )
     cpu: bool = Field(False, description="Train on the CPU even when a GPU is present.")
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice).")
+    peak_tflops: float | None = Field(None, gt=0, description="The accelerator's peak TFLOP/s, for the logged model-FLOPs "
+                                                             "utilisation (default: A100, H100 and H200 are known).")
 
     @field_validator("max_time", mode="before")
     @classmethod
@@ -214,5 +218,5 @@ class TrainConfig(BaseModel):
         return self.model_dump(
             mode="json",
             exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
-                     "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype"},
+                     "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops"},
         )

@@ -17,7 +17,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -359,32 +359,59 @@ def collate(examples: list[dict], source: int, pad_id: int) -> Batch:
                  [e["prefix"] for e in examples])
 
 
+def example_length(example: dict) -> int:
+    """Tokens an example puts through the model: its documents' and the decoder's (the length it is grouped by)."""
+    return sum(len(d) for d in example["documents"]) + len(example["input_ids"])
+
+
 class Mixture:
     """Batches drawn from the sources by weight; which source a micro-batch comes from depends only on (seed, draw).
 
     With several processes (`world`), every process draws the same `batch_size * world` examples and keeps its own
     slice, so the processes train on different examples while their data positions stay identical.
+
+    `group_by_length` > 1 draws that many micro-batches of a source at once, sorts their examples by length, cuts
+    them into micro-batches of similar lengths and serves those in a shuffled order: less padding, the same
+    examples. A resumed run draws the current group again from where it began and skips what was served.
     """
 
     def __init__(self, streams: list[ExampleStream], weights: list[float], seed: int, batch_size: int, pad_id: int,
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, group_by_length: int = 0):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not one of the {world} processes")
         self.streams, self.seed, self.batch_size, self.pad_id = streams, seed, batch_size, pad_id
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.group = rank, world, group_by_length
         total = sum(weights)
         self.cumulative = np.cumsum([w / total for w in weights])
         self.draws = 0
+        self.groups = [_Group() for _ in streams]
 
     def next_batch(self) -> Batch:
         u = np.random.default_rng([self.seed, 7, self.draws]).random()
         source = min(int(np.searchsorted(self.cumulative, u, side="right")), len(self.streams) - 1)
         self.draws += 1
-        examples = self.streams[source].take(self.batch_size * self.world)
+        examples = self._take(source) if self.group > 1 else self.streams[source].take(self.batch_size * self.world)
         return collate(examples[self.rank :: self.world], source, self.pad_id)
 
+    def _take(self, source: int) -> list[dict]:
+        group = self.groups[source]
+        if group.served == len(group.batches):
+            group.start, group.index, group.served = self.streams[source].state_dict(), group.index + 1, 0
+            self._draw(source)
+        group.served += 1
+        return group.batches[group.served - 1]
+
+    def _draw(self, source: int) -> None:
+        """The source's current group: `group` micro-batches of examples of similar lengths, in a shuffled order."""
+        group, size = self.groups[source], self.batch_size * self.world
+        examples = sorted(self.streams[source].take(size * self.group), key=example_length)
+        batches = [examples[i : i + size] for i in range(0, len(examples), size)]
+        order = np.random.default_rng([self.seed, 13, source, group.index]).permutation(len(batches))
+        group.batches = [batches[i] for i in order]
+
     def state_dict(self) -> dict:
-        return {"draws": self.draws, "streams": [s.state_dict() for s in self.streams]}
+        return {"draws": self.draws, "streams": [s.state_dict() for s in self.streams],
+                "groups": [{"start": g.start, "index": g.index, "served": g.served} for g in self.groups]}
 
     def load_state_dict(self, state: dict) -> None:
         if len(state["streams"]) != len(self.streams):
@@ -392,3 +419,18 @@ class Mixture:
         self.draws = state["draws"]
         for stream, s in zip(self.streams, state["streams"]):
             stream.load_state_dict(s)
+        for source, saved in enumerate(state.get("groups", [])):
+            self.groups[source] = _Group(saved["start"], saved["index"], saved["served"])
+            if saved["start"] is not None:  # draw the group again from its start; the stream ends where it was
+                self.streams[source].load_state_dict(saved["start"])
+                self._draw(source)
+
+
+@dataclass
+class _Group:
+    """A source's current group of micro-batches (`group_by_length`): the stream's state before it was drawn."""
+
+    start: dict | None = None
+    index: int = -1
+    served: int = 0
+    batches: list[list[dict]] = field(default_factory=list)

@@ -14,6 +14,7 @@ from ..model import NuggetModel
 from .config import Distillation, Source
 from .data import Batch
 from .distill import Teacher, kl_loss
+from .flops import FlopCounter
 from .objectives import OBJECTIVES, parts_of
 
 
@@ -54,7 +55,8 @@ def stream_batch(model: NuggetModel, batch: Batch, settings: StreamSettings) -> 
 class ObjectiveLoss(nn.Module):
     """forward(batch) -> loss of the batch's objective (a module, so Accelerate/DDP can wrap it).
 
-    With distillation, the loss is (1 - w) CE + w KL to the teacher; `terms` holds the last batch's CE and KL.
+    With distillation, the loss is (1 - w) CE + w KL to the teacher; `terms` holds the last batch's CE and KL, and
+    `flops` its model FLOPs (None in autoregressive mode, which is not counted).
     """
 
     def __init__(self, model: NuggetModel, sources: list[Source], distill: Distillation | None = None,
@@ -68,25 +70,46 @@ class ObjectiveLoss(nn.Module):
             teacher = Teacher(model)
         self.teacher = teacher
         self.terms: dict[str, float] = {}
+        self.flops: float | None = None
+        self.counter = FlopCounter(model.llama.config)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         source = self.sources[batch.source]
         self.model.set_trainable(**vars(parts_of(source)))
         objective = OBJECTIVES[source.objective]
+        self.flops = None
         if objective.autoregressive:
             batch, target_logits, targets = stream_batch(self.model, batch, self.stream)
             ce = F.cross_entropy(target_logits, targets)
         else:
             device = self.model.device
+            states = compress_batch(self.model, batch, source)
             out = self.model.decode(
-                compress_batch(self.model, batch, source), batch.input_ids.to(device), batch.token_mask.to(device),
+                states, batch.input_ids.to(device), batch.token_mask.to(device),
                 labels=batch.labels.to(device), soft_prompt=objective.soft_prompt, adapter=DECODER,
                 return_logits=False, prefixes=batch.prefixes,
             )
             ce, target_logits = out.loss, out.target_logits
+            self.flops = self._step_flops(batch, source, states, len(target_logits))
         if self.distill is None or source.full_context:
             self.terms = {"ce": float(ce.detach())}
             return ce
         kl = kl_loss(target_logits, self.teacher.target_logits(batch, objective.soft_prompt), self.distill)
+        if self.flops is not None:
+            teacher = [(len(p) + sum(map(len, docs)) + int(n), 0)
+                       for p, docs, n in zip(batch.prefixes, batch.documents, batch.token_mask.sum(1))]
+            self.flops += self.counter.forward(teacher, targets=len(target_logits))
         self.terms = {"ce": float(ce.detach()), "kl": float(kl.detach())}
         return (1 - self.distill.weight) * ce + self.distill.weight * kl
+
+    def _step_flops(self, batch: Batch, source: Source, states: list[list], targets: int) -> float:
+        """The Scorer's and the encoder's passes over the documents, and the decoder's over its input."""
+        counter, parts = self.counter, parts_of(source)
+        opening = len(self.model.document_opening)
+        documents = [(opening + len(doc), 0) for docs in ([] if source.full_context else batch.documents) for doc in docs]
+        encoder = counter.trained(documents) if parts.encoder else counter.forward(documents)
+        scorer = counter.forward(documents, layers=self.model.config.scorer_layer)
+        soft = self.model.soft_prompt.shape[0] if OBJECTIVES[source.objective].soft_prompt else 0
+        decoder = [(len(prefix) + soft + int(n), sum(s.k for s in row))
+                   for prefix, n, row in zip(batch.prefixes, batch.token_mask.sum(1), states)]
+        return scorer + encoder + counter.trained(decoder, targets=targets)

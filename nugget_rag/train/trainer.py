@@ -31,6 +31,7 @@ from . import checkpoint
 from .config import Source, TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
 from .distill import Teacher
+from .flops import peak_flops
 from .loss import ObjectiveLoss, compress_batch
 from .objectives import OBJECTIVES
 from .warm_start import warm_start_scorer
@@ -173,7 +174,7 @@ class Trainer:
             dev.append(held)
         acc = self.accelerator
         mixture = Mixture(streams, [s.weight for s in cfg.data], cfg.seed, cfg.batch_size, tok.pad_token_id,
-                          rank=acc.process_index, world=acc.num_processes)
+                          rank=acc.process_index, world=acc.num_processes, group_by_length=cfg.group_by_length)
         return mixture, dev
 
     def _optimizer(self) -> torch.optim.Optimizer:
@@ -237,7 +238,7 @@ class Trainer:
             self._metric(line)
         if acc.is_main_process:
             (self.out / CONFIG_FILE).write_text(json.dumps(cfg.resume_key(), indent=1))
-        start, losses, window = time.monotonic(), [], _Window()
+        start, losses, window = time.monotonic(), [], _Window(peak_flops(acc.device, cfg.peak_tflops))
         if self.step == 0:
             self._warm_start()
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="training", disable=not acc.is_local_main_process)
@@ -255,7 +256,8 @@ class Trainer:
                 with acc.no_sync(self.loss) if not sync and acc.num_processes > 1 else nullcontext():
                     loss = self.loss(batch)
                     acc.backward(loss / cfg.grad_accum)
-                window.add(self.names[batch.source], loss.detach().item(), batch.tokens, self.objective.terms)
+                window.add(self.names[batch.source], loss.detach().item(), batch.tokens, self.objective.terms,
+                           self.objective.flops)
             if cfg.optim.max_grad_norm:
                 acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
             self.optimizer.step()
@@ -414,25 +416,32 @@ class Trainer:
 
 
 class _Window:
-    """Losses and tokens since the last metric line."""
+    """Losses, tokens and model FLOPs since the last metric line (MFU against `peak` FLOP/s, where known)."""
 
-    def __init__(self):
+    def __init__(self, peak: float | None = None):
+        self.peak = peak
         self.losses: dict[str, list[float]] = defaultdict(list)
         self.terms: dict[str, list[float]] = defaultdict(list)
         self.tokens, self.seconds = 0, 0.0
+        self.flops: float | None = 0.0  # None once a micro-batch was not counted (autoregressive mode)
 
-    def add(self, name: str, loss: float, tokens: int, terms: dict[str, float]) -> None:
+    def add(self, name: str, loss: float, tokens: int, terms: dict[str, float], flops: float | None) -> None:
         self.losses[name].append(loss)
         if "kl" in terms:  # the loss mixes CE and KL: log each
             for term, value in terms.items():
                 self.terms[f"{term}/{name}"].append(value)
         self.tokens += tokens
+        self.flops = None if flops is None or self.flops is None else self.flops + flops
 
     def flush(self) -> dict:
         line = {f"loss/{k}": round(sum(v) / len(v), 4) for k, v in self.losses.items()}
         line.update({k: round(sum(v) / len(v), 4) for k, v in self.terms.items()})
         line["tokens_per_s"] = round(self.tokens / self.seconds, 1) if self.seconds else 0.0
-        self.__init__()
+        if self.flops is not None and self.seconds:
+            line["model_tflops_per_s"] = round(self.flops / self.seconds / 1e12, 4)
+            if self.peak:
+                line["mfu"] = round(self.flops / self.seconds / self.peak, 4)
+        self.__init__(self.peak)
         return line
 
 
