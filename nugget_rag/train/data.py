@@ -343,6 +343,12 @@ class Batch:
         """Tokens the step reads: the documents' and the decoder's."""
         return sum(len(d) for docs in self.documents for d in docs) + int(self.token_mask.sum())
 
+    @property
+    def padded_tokens(self) -> int:
+        """Tokens the passes compute, padding included: the documents in one encoder batch, then the decoder's."""
+        lengths = [len(d) for docs in self.documents for d in docs]
+        return len(lengths) * max(lengths, default=0) + self.token_mask.numel()
+
 
 def collate(examples: list[dict], source: int, pad_id: int) -> Batch:
     width = max(len(e["input_ids"]) for e in examples)

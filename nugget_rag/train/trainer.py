@@ -256,7 +256,7 @@ class Trainer:
                 with acc.no_sync(self.loss) if not sync and acc.num_processes > 1 else nullcontext():
                     loss = self.loss(batch)
                     acc.backward(loss / cfg.grad_accum)
-                window.add(self.names[batch.source], loss.detach().item(), batch.tokens, self.objective.terms,
+                window.add(self.names[batch.source], loss.detach().item(), batch, self.objective.terms,
                            self.objective.flops)
             if cfg.optim.max_grad_norm:
                 acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
@@ -416,27 +416,30 @@ class Trainer:
 
 
 class _Window:
-    """Losses, tokens and model FLOPs since the last metric line (MFU against `peak` FLOP/s, where known)."""
+    """Losses, tokens (and the share of padding) and model FLOPs since the last metric line (MFU against `peak`
+    FLOP/s, where known)."""
 
     def __init__(self, peak: float | None = None):
         self.peak = peak
         self.losses: dict[str, list[float]] = defaultdict(list)
         self.terms: dict[str, list[float]] = defaultdict(list)
-        self.tokens, self.seconds = 0, 0.0
+        self.tokens, self.padded, self.seconds = 0, 0, 0.0
         self.flops: float | None = 0.0  # None once a micro-batch was not counted (autoregressive mode)
 
-    def add(self, name: str, loss: float, tokens: int, terms: dict[str, float], flops: float | None) -> None:
+    def add(self, name: str, loss: float, batch: Batch, terms: dict[str, float], flops: float | None) -> None:
         self.losses[name].append(loss)
         if "kl" in terms:  # the loss mixes CE and KL: log each
             for term, value in terms.items():
                 self.terms[f"{term}/{name}"].append(value)
-        self.tokens += tokens
+        self.tokens += batch.tokens
+        self.padded += batch.padded_tokens
         self.flops = None if flops is None or self.flops is None else self.flops + flops
 
     def flush(self) -> dict:
         line = {f"loss/{k}": round(sum(v) / len(v), 4) for k, v in self.losses.items()}
         line.update({k: round(sum(v) / len(v), 4) for k, v in self.terms.items()})
         line["tokens_per_s"] = round(self.tokens / self.seconds, 1) if self.seconds else 0.0
+        line["padding"] = round(1 - self.tokens / self.padded, 3) if self.padded else 0.0
         if self.flops is not None and self.seconds:
             line["model_tflops_per_s"] = round(self.flops / self.seconds / 1e12, 4)
             if self.peak:

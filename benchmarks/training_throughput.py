@@ -1,0 +1,87 @@
+"""Training throughput of the recipe, side by side: batches as drawn against batches grouped by length.
+
+    python benchmarks/training_throughput.py --batch-size 128 --steps 0          # padding only (data, no training)
+    python benchmarks/training_throughput.py --batch-size 4 --steps 6 --threads 2 # and a few timed steps
+    python benchmarks/training_throughput.py --batch-size 128 --steps 20          # on a GPU
+
+For each `--group` value (`group_by_length`; 0: off) it draws `--padding-batches` micro-batches of the recipe's
+mixture and reports the share of padding in what the passes compute; with `--steps`, it then trains that many steps
+from the shipped checkpoint (no warm start; one dev example per source at the end) and reports the last metric line's tokens/s, model
+TFLOP/s and MFU (nugget_rag/train/flops.py). Writes benchmarks/results/<name>.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+import torch
+import yaml
+
+from nugget_rag.train.config import TrainConfig
+from nugget_rag.train.trainer import Trainer
+
+
+def arm_config(recipe: dict, args, group: int, out: Path) -> TrainConfig:
+    return TrainConfig.model_validate(recipe | {
+        "output_dir": str(out / f"group{group}"), "batch_size": args.batch_size, "grad_accum": 1,
+        "group_by_length": group, "max_steps": max(args.steps, 1), "scorer_warm_start": {"steps": 0},
+        "eval_every": 0, "eval_examples": 1, "eval_generate": 0, "save_every": 10**6, "log_every": max(args.steps, 1),
+        "threads": args.threads, "peak_tflops": args.peak_tflops,
+    })
+
+
+def measure(recipe: dict, args, group: int, out: Path) -> dict:
+    trainer = Trainer(arm_config(recipe, args, group, out))
+    state = trainer.mixture.state_dict()
+    batches = [trainer.mixture.next_batch() for _ in range(args.padding_batches)]
+    real, padded = sum(b.tokens for b in batches), sum(b.padded_tokens for b in batches)
+    row = {"group_by_length": group, "padding": round(1 - real / padded, 3), "batches": len(batches)}
+    if args.steps:
+        trainer.mixture.load_state_dict(state)
+        line = trainer.train().losses[-1]
+        row |= {k: line.get(k) for k in ("tokens_per_s", "model_tflops_per_s", "mfu")} | {"steps": args.steps,
+                                                                                        "padding_trained": line["padding"]}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/recipe-r10.yaml"))
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--group", type=int, nargs="+", default=[0, 16])
+    parser.add_argument("--padding-batches", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=0, help="timed training steps per arm (0: padding only)")
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--peak-tflops", type=float)
+    parser.add_argument("--name", default="training-throughput")
+    args = parser.parse_args()
+    recipe = yaml.safe_load(args.config.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [measure(recipe, args, group, Path(tmp)) for group in args.group]
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
+    base = rows[0]
+    lines = [f"# Training throughput ({date.today()})", "",
+             f"`python {shlex.join(sys.argv)}` on {device}; {args.config}, batch {args.batch_size}.", "",
+             "| group_by_length | padding | tokens/s | model TFLOP/s | MFU | tokens/s vs off |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        speed = row.get("tokens_per_s")
+        ratio = f"{speed / base['tokens_per_s']:.2f}x" if speed and base.get("tokens_per_s") else "-"
+        lines.append(f"| {row['group_by_length'] or 'off'} | {row['padding']:.1%} | {speed or '-'} | "
+                     f"{row.get('model_tflops_per_s') or '-'} | {row.get('mfu') or '-'} | {ratio} |")
+    results = Path("benchmarks/results")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (results / f"{args.name}.json").write_text(json.dumps({"device": device, "args": vars(args) | {"config": str(args.config)},
+                                                           "rows": rows}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
