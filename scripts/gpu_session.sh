@@ -17,7 +17,9 @@
 #   INIT    an export to start from (a previous step's OUT_DIR/export), default the shipped checkpoint
 #   CONFIG  the recipe, default configs/recipe-r10.yaml;  EVAL_LIMIT  dev questions, default 200
 #   PYTHON  an interpreter with nugget-rag importable; default .venv/bin/python, installed first if missing
-#   WHEELS  a folder of wheels to install offline first (a machine without a package index)
+#           (with WHEELS: python3, the machine's own PyTorch)
+#   WHEELS  a folder of wheels to install offline first (a machine without a package index; scripts/offline_bundle.py)
+#   DATA    the data folder the recipe reads as ../shared/data, where that is missing (the bundle's data/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_session.sh OUT_DIR [SECONDS] [train flags]}
@@ -27,11 +29,15 @@ begin=$(date +%s)
 mkdir -p "$out"
 log() { echo "[gpu_session $(date +%T)] $*" | tee -a "$out/train.log"; }
 
+py=${PYTHON:-.venv/bin/python}
 if [ -n "${WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nugget-site "$WHEELS"/*.whl
   export PYTHONPATH=/tmp/nugget-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  py=${PYTHON:-python3}
 fi
-py=${PYTHON:-.venv/bin/python}
+if [ -n "${DATA:-}" ] && [ ! -e ../shared/data ]; then
+  mkdir -p ../shared && ln -s "$(cd "$DATA" && pwd)" ../shared/data
+fi
 if ! "$py" -c "import nugget_rag" 2>/dev/null; then
   log "installing (scripts/install.sh)"
   bash scripts/install.sh >>"$out/train.log" 2>&1

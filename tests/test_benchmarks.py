@@ -106,3 +106,21 @@ def test_teacher_answers_keep_correct_ones_cut_at_a_sentence(monkeypatch, make_m
     assert sorted(asked) == [r["id"] for r in records]  # every question asked exactly once over both runs
     kept = [json.loads(line) for line in out.read_text().splitlines()]  # the half-written line is gone
     assert sorted(r["id"] for r in kept) == ["1", "3"]
+
+
+def test_offline_bundle_parts_join_back_byte_for_byte(tmp_path):
+    bundle = load_script("offline_bundle", SCRIPTS)
+    files = {"wheels/big.whl": bytes(range(256)) * 41, "wheels/small.whl": b"tiny", "notes.txt": b"x" * 3000}
+    for name, data in files.items():
+        (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / name).write_bytes(data)
+    parts = bundle.pack(tmp_path / "src", [tmp_path / "src" / n for n in files], tmp_path / "parts", part_mb=4096 / 2**20)
+    sizes = [sum(f.stat().st_size for f in d.iterdir() if f.name != "manifest.json") for d in (tmp_path / "parts").iterdir()]
+    assert parts == 4 and max(sizes) <= 4096 and sum(sizes) == sum(map(len, files.values()))
+    folders = [tmp_path / "parts" / str(n) for n in range(1, parts + 1)]
+    bundle.join(folders[::-1], tmp_path / "joined")
+    assert all((tmp_path / "joined" / name).read_bytes() == data for name, data in files.items())
+    with pytest.raises(SystemExit, match="pass all 4 part folders"):
+        bundle.join(folders[:1], tmp_path / "again")
+    with pytest.raises(SystemExit, match="SHA-256"):
+        bundle.join(folders[:3], tmp_path / "again")  # every file has a piece, the last one lacks its tail
