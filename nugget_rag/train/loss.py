@@ -72,6 +72,7 @@ class ObjectiveLoss(nn.Module):
         self.terms: dict[str, float] = {}
         self.flops: float | None = None
         self.counter = FlopCounter(model.llama.config)
+        self.teacher_counter = FlopCounter((teacher.base.model if teacher and teacher.base else model.llama).config)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         source = self.sources[batch.source]
@@ -98,7 +99,7 @@ class ObjectiveLoss(nn.Module):
         if self.flops is not None:
             teacher = [(len(p) + sum(map(len, docs)) + int(n), 0)
                        for p, docs, n in zip(batch.prefixes, batch.documents, batch.token_mask.sum(1))]
-            self.flops += self.counter.forward(teacher, targets=len(target_logits))
+            self.flops += self.teacher_counter.forward(teacher, targets=len(target_logits))
         self.terms = {"ce": float(ce.detach()), "kl": float(kl.detach())}
         return (1 - self.distill.weight) * ce + self.distill.weight * kl
 
