@@ -441,9 +441,9 @@ class _Window:
         line["tokens_per_s"] = round(self.tokens / self.seconds, 1) if self.seconds else 0.0
         line["padding"] = round(1 - self.tokens / self.padded, 3) if self.padded else 0.0
         if self.flops is not None and self.seconds:
-            line["model_tflops_per_s"] = round(self.flops / self.seconds / 1e12, 4)
+            line["model_tflops_per_s"] = float(f"{self.flops / self.seconds / 1e12:.4g}")
             if self.peak:
-                line["mfu"] = round(self.flops / self.seconds / self.peak, 4)
+                line["mfu"] = float(f"{self.flops / self.seconds / self.peak:.4g}")
         self.__init__(self.peak)
         return line
 
