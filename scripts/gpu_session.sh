@@ -8,14 +8,14 @@
 # (EVAL_SECONDS, default 150) to fit. OUT_DIR receives at most 6 files:
 #   export/nugget.safetensors, export/nugget_config.json   the bf16 export (15 MB for the default model; its
 #                                                          config records the steps trained)
-#   dev.json, dev.md, dev-predictions.jsonl                dev SQuAD at r = 5 and 10 and dev autoencoding BLEU
+#   dev.json, dev.md, dev-predictions.jsonl                dev SQuAD (300 random questions) at r = 5 and 10 and dev autoencoding BLEU
 #                                                          (what finished within the limit)
 #   train.log                                              the run's log
 # Environment:
 #   RUN     training state (optimizer included), default /tmp/nugget-recipe: while it holds a checkpoint the
 #           step resumes from it exactly; otherwise training starts from INIT
 #   INIT    an export to start from (a previous step's OUT_DIR/export), default the shipped checkpoint
-#   CONFIG  the recipe, default configs/recipe-r10.yaml;  EVAL_LIMIT  dev questions, default 200
+#   CONFIG  the recipe, default configs/recipe-r10.yaml;  EVAL_LIMIT  dev questions (a random sample), default 300
 #   PYTHON  an interpreter with nugget-rag importable; default .venv/bin/python, installed first if missing
 #           (with WHEELS: python3, the machine's own PyTorch)
 #   WHEELS  a folder of wheels to install offline first (a machine without a package index; scripts/offline_bundle.py)
@@ -64,6 +64,6 @@ if [ "$left" -lt 20 ]; then
 fi
 log "scoring dev in at most ${left} s"
 timeout "$left" "$py" -m nugget_rag.cli eval --tasks squad autoencoding --systems nugget --ratios 5 10 --split dev \
-  --limit "${EVAL_LIMIT:-200}" --checkpoint "$out/export" --out-dir "$out" --name dev --no-plots -q \
+  --limit "${EVAL_LIMIT:-300}" --sample random --task-limit autoencoding=10 --ae-lengths 100 200 --checkpoint "$out/export" --out-dir "$out" --name dev --no-plots -q \
   >>"$out/train.log" 2>&1 || log "dev scoring stopped (rc $?): the export is in $out/export all the same"
 log "done in $(( $(date +%s) - begin )) s"

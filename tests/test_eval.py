@@ -235,6 +235,21 @@ def test_task_limit_and_autoencoding_buckets(model, data_dir):
     assert (len(ex.query.document_ids[0]), len(ex.query.context_ids), len(ex.query.target_ids)) == (40, 10, 10)
 
 
+def test_sample_random_draws_a_seeded_sample_of_the_split(model, data_dir):
+    """--sample random keeps a limit's worth of the split's questions, the same ones for the same seed."""
+    def ids(**kw):
+        return [e.id for e in load_task("squad", config(data_dir, None, split=None, **kw), model).examples]
+
+    every = ids(limit=None)
+    first = ids(limit=3)
+    assert first == every[:3]
+    drawn = {seed: ids(limit=3, sample="random", sample_seed=seed) for seed in range(6)}
+    assert all(len(d) == 3 and set(d) <= set(every) for d in drawn.values())
+    assert ids(limit=3, sample="random", sample_seed=2) == drawn[2]
+    assert any(d != first for d in drawn.values())
+    assert sorted(ids(limit=None, sample="random")) == sorted(every)
+
+
 def test_resume_keeps_matching_cells_and_merges_other_tasks(model, data_dir, tmp_path, monkeypatch):
     """--resume computes only missing cells, carries other tasks' cells into one report, and recomputes a task
     whose setup changed; a run stopped after some cells leaves them saved."""

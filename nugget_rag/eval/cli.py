@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, metavar="N", help="at most N examples per task (autoencoding: per length)")
     parser.add_argument("--task-limit", type=_pair, action="append", default=[], metavar="TASK=N",
                         help="a task's own limit, e.g. cnndm=30 (overrides --limit)")
+    parser.add_argument("--sample", choices=["first", "random"], default="first",
+                        help=("which examples a limit keeps in squad, hotpotqa and cnndm: the file's first (default) or "
+                              "a seeded random sample of the split (SQuAD's first questions are one article's)"))
+    parser.add_argument("--sample-seed", type=int, default=0, metavar="N", help="seed of --sample random (default 0)")
     add_checkpoint_option(parser)
     parser.add_argument("--full-checkpoint", type=Path, help="full-context fine-tuned decoder adapter checkpoint")
     parser.add_argument("--base-model", type=Path, help="base LLaMA directory (default: SmolLM2-135M-Instruct)")
@@ -87,6 +91,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
         "task_splits": {k: (None if v == "all" else v) for k, v in args.task_split},
         "data_dir": args.data_dir, "data": {k: Path(v) for k, v in args.data}, "limit": args.limit,
         "task_limits": {k: _int(k, v) for k, v in args.task_limit},
+        "sample": args.sample, "sample_seed": args.sample_seed,
         "checkpoint": args.checkpoint, "full_checkpoint": args.full_checkpoint, "base_model": args.base_model,
         "device": args.device, "dtype": args.dtype, "weights": args.weights, "threads": args.threads, "batch_size": args.batch_size,
         "optimal": args.optimal, "optimal_examples": args.optimal_examples, "out_dir": args.out_dir, "name": args.name, "plots": not args.no_plots,

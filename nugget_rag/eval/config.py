@@ -59,6 +59,11 @@ class EvalConfig(BaseModel):
     data: dict[str, Path] = Field(default_factory=dict, description="Per-task data files (default: DEFAULT_FILES in data_dir).")
     limit: int | None = Field(None, ge=1, description="At most this many examples per task.")
     task_limits: dict[str, int] = Field(default_factory=dict, description="Per-task limits, e.g. {'cnndm': 30}.")
+    sample: Literal["first", "random"] = Field("first", description=(
+        "Which examples a limit keeps (SQuAD, HotpotQA, CNN/DM): the file's first ones, or a random sample of the "
+        "split drawn with sample_seed. SQuAD's file order groups questions by article: its first 200 dev questions "
+        "are one article's."))
+    sample_seed: int = Field(0, description="Seed of --sample random.")
     checkpoint: Path | Literal["default"] | None = Field(
         "default", description="Nugget checkpoint; 'default': the one shipped for the default model (untrained on "
                                "another base model); None: untrained adapters.")

@@ -19,6 +19,7 @@ reports it skipped.
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,15 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def _sampled(records: list[dict], cfg: EvalConfig) -> list[dict]:
+    """The records in file order, or shuffled with cfg.sample_seed for --sample random."""
+    if cfg.sample == "first":
+        return records
+    records = list(records)
+    random.Random(cfg.sample_seed).shuffle(records)
+    return records
+
+
 class _Collector:
     """Keeps examples that fit the model, counts the rest by reason, stops at the limit."""
 
@@ -108,7 +118,7 @@ def load_task(name: str, cfg: EvalConfig, model) -> TaskData:
     col = _Collector(model, limit, fit_full=name != "long_cnndm")
     if name in ("squad", "hotpotqa"):
         records = read_squad(path, split) if name == "squad" else read_hotpotqa(path, split)
-        for rec in records:
+        for rec in _sampled(records, cfg):
             if col.full:
                 break
             answers = [a for a in rec["answers"] if str(a).strip()]
@@ -120,7 +130,7 @@ def load_task(name: str, cfg: EvalConfig, model) -> TaskData:
                           max_new_tokens=cfg.qa_max_new_tokens)
             col.offer(Example(rec["id"], query, answers))
     elif name == "cnndm":
-        for rec in read_summarization(path, split):
+        for rec in _sampled(read_summarization(path, split), cfg):
             if col.full:
                 break
             if not str(rec["summary"]).strip():
