@@ -1,6 +1,6 @@
 """Does a selection keep the answer? For SQuAD questions, the share of gold answer tokens among the k = ceil(n / r)
-positions each query-agnostic selection keeps: the first k (truncation), k at random, KVzip's reconstruction
-attention (the Scorer warm start's target) and each checkpoint's Scorer. A question counts as "any" when some
+positions each query-agnostic selection keeps: the first k (truncation), k at random, the two training-free signals
+the Scorer warm start can fit (KVzip's reconstruction attention, observed attention) and each checkpoint's Scorer. A question counts as "any" when some
 token of a gold answer (any of its occurrences in the passage) is kept, "whole" when every token of one is.
 It separates what a compressor fails to keep from what its decoder fails to read from what it kept.
 
@@ -27,8 +27,8 @@ import torch
 
 from nugget_rag import NuggetModel
 from nugget_rag.corpora import read_squad
-from nugget_rag.eval.systems.kvzip import reconstruction_passes
 from nugget_rag.scorer import select_nuggets
+from nugget_rag.train.warm_start import importance_targets
 
 
 def answer_spans(context: str, answers: list[str], offsets: list[tuple[int, int]]) -> list[set[int]]:
@@ -46,10 +46,11 @@ def scorer_selection(model: NuggetModel, ids: list[int], ratio: float) -> set[in
     return set(select_nuggets(scores, [len(ids)], ratio)[0].tolist())
 
 
-def kvzip_selection(model: NuggetModel, ids: list[int], ratio: float) -> set[int]:
+def signal_selection(model: NuggetModel, ids: list[int], ratio: float, signal: str) -> set[int]:
+    """Top k of a warm-start signal of the frozen model (the last position always kept)."""
     with torch.no_grad():
-        (_, scores), = reconstruction_passes(model, [ids])
-    return set(select_nuggets(scores[None], [len(ids)], ratio)[0].tolist())
+        target, = importance_targets(model, [ids], signal)
+    return set(select_nuggets(torch.cat([target, target.new_zeros(1)])[None], [len(ids)], ratio)[0].tolist())
 
 
 def coverage(shares: list[float]) -> dict[str, float]:
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
             k = math.ceil(n / ratio)
             kept = {"truncation (first k)": set(range(k)),
                     "random k (last kept)": set(rng.sample(range(n - 1), k - 1)) | {n - 1},
-                    "KVzip reconstruction attention": kvzip_selection(frozen, ids, ratio)}
+                    "KVzip reconstruction attention": signal_selection(frozen, ids, ratio, "kvzip"),
+                    "observed attention": signal_selection(frozen, ids, ratio, "observed_attention")}
             kept |= {f"Scorer of {c}": scorer_selection(m, ids, ratio) for c, m in models.items()}
             for name, chosen in kept.items():
                 share = max(len(span & chosen) / len(span) for span in spans)
