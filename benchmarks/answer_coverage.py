@@ -1,8 +1,9 @@
 """Does a selection keep the answer? For SQuAD questions, the share of gold answer tokens among the k = ceil(n / r)
 positions each query-agnostic selection keeps: the first k (truncation), k at random, the two training-free signals
-the Scorer warm start can fit (KVzip's reconstruction attention, observed attention) and each checkpoint's Scorer. A question counts as "any" when some
-token of a gold answer (any of its occurrences in the passage) is kept, "whole" when every token of one is.
-It separates what a compressor fails to keep from what its decoder fails to read from what it kept.
+the Scorer warm start can fit (KVzip's reconstruction attention, observed attention) and each checkpoint's Scorer.
+A question counts as "any" when some token of a gold answer (any of its occurrences in the passage) is kept,
+"whole" when every token of one is. It separates what a compressor fails to keep from what its decoder fails to
+read from what it kept.
 
     python benchmarks/answer_coverage.py --questions 200 --ratios 5 10 --checkpoints default none --threads 2
 
@@ -27,6 +28,7 @@ import torch
 
 from nugget_rag import NuggetModel
 from nugget_rag.corpora import read_squad
+from nugget_rag.eval.tasks import seeded_sample
 from nugget_rag.scorer import select_nuggets
 from nugget_rag.train.warm_start import importance_targets
 
@@ -73,9 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    records = read_squad(args.data, split=args.split)
-    random.Random(args.seed).shuffle(records)
-    records = records[: args.questions]
+    records = seeded_sample(read_squad(args.data, split=args.split), args.seed)[: args.questions]
 
     models = {c: NuggetModel.from_pretrained(None if c == "none" else c, dtype="float32") for c in args.checkpoints}
     frozen = next(iter(models.values()))

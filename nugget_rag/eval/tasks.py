@@ -66,13 +66,16 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _sampled(records: list[dict], cfg: EvalConfig) -> list[dict]:
-    """The records in file order, or shuffled with cfg.sample_seed for --sample random."""
-    if cfg.sample == "first":
-        return records
+def seeded_sample(records: Sequence[dict], seed: int) -> list[dict]:
+    """The records shuffled with `seed`: --sample random's order, whose first N are its sample."""
     records = list(records)
-    random.Random(cfg.sample_seed).shuffle(records)
+    random.Random(seed).shuffle(records)
     return records
+
+
+def _sampled(records: list[dict], cfg: EvalConfig) -> list[dict]:
+    """The records in file order, or in seeded_sample's order for --sample random."""
+    return records if cfg.sample == "first" else seeded_sample(records, cfg.sample_seed)
 
 
 class _Collector:
