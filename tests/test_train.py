@@ -387,3 +387,60 @@ def test_objectives_come_from_the_registry():
             Source(objective="test_only", path="x.json", full_context=True)
     finally:
         objectives.OBJECTIVES.pop("test_only")
+
+
+def gradients(model: NuggetModel) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", ["qa", "autoencoding"])
+def test_a_micro_batch_run_in_several_passes_has_the_same_gradient(name, data, tmp_path):
+    trainer = Trainer(config(tmp_path, [source(name, data)], batch_size=5, distill={"weight": 0.5}), tiny_model())
+    batch = trainer.mixture.next_batch()
+    trainer.model.train()
+    whole = trainer._backward([batch])
+    expected = gradients(trainer.model)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.passes = 2  # 3 + 2 examples, each part cut to its own longest
+    split = trainer._backward([batch])
+    got = gradients(trainer.model)
+    assert expected and got.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-6)
+    assert split[0][0] == pytest.approx(whole[0][0], rel=1e-5)
+    assert split[0][1].keys() == {"ce", "kl"}
+
+
+def test_running_out_of_gpu_memory_repeats_the_step_in_more_passes(data, tmp_path, caplog, monkeypatch):
+    sources = [source("qa", data)]
+    reference = tiny_model()
+    train(config(tmp_path / "a", sources, batch_size=4, max_steps=2), reference)
+
+    forward = loss.ObjectiveLoss.forward
+
+    def small_memory(self, batch):
+        if len(batch.documents) > 2:
+            raise torch.OutOfMemoryError("simulated: more than 2 examples")
+        return forward(self, batch)
+
+    monkeypatch.setattr(loss.ObjectiveLoss, "forward", small_memory)
+    model = tiny_model()
+    trainer = Trainer(config(tmp_path / "b", sources, batch_size=4, max_steps=2), model)
+    with caplog.at_level("WARNING"):
+        result = trainer.train()
+    assert trainer.passes == 2 and "2 passes" in caplog.text
+    assert [line["passes"] for line in result.losses] == [2, 2]
+    after, expected = snapshot(model), snapshot(reference)
+    for key in expected:
+        torch.testing.assert_close(after[key], expected[key], rtol=1e-4, atol=1e-6)
+
+
+def test_running_out_of_memory_with_one_example_per_pass_is_raised(data, tmp_path, monkeypatch):
+    def no_memory(self, batch):
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(loss.ObjectiveLoss, "forward", no_memory)
+    trainer = Trainer(config(tmp_path, [source("qa", data)], batch_size=2, max_steps=1), tiny_model())
+    with pytest.raises(torch.OutOfMemoryError):
+        trainer.train()
+    assert trainer.passes == 2

@@ -17,7 +17,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -348,6 +348,24 @@ class Batch:
         """Tokens the passes compute, padding included: the documents in one encoder batch, then the decoder's."""
         lengths = [len(d) for docs in self.documents for d in docs]
         return len(lengths) * max(lengths, default=0) + self.token_mask.numel()
+
+    @property
+    def targets(self) -> int:
+        """Labelled tokens: what the loss averages over."""
+        return int((self.labels != -100).sum())
+
+    def split(self, parts: int) -> list[Batch]:
+        """The examples in `parts` smaller batches, in order, each cut to its own longest example."""
+        size = -(-len(self.documents) // parts)
+        pieces = []
+        for start in range(0, len(self.documents), size):
+            rows = slice(start, start + size)
+            width = int(self.token_mask[rows].sum(1).max())
+            pieces.append(replace(self, documents=self.documents[rows], input_ids=self.input_ids[rows, :width],
+                                  token_mask=self.token_mask[rows, :width], labels=self.labels[rows, :width],
+                                  references=self.references[rows], target_starts=self.target_starts[rows],
+                                  prefixes=self.prefixes[rows]))
+        return pieces
 
 
 def collate(examples: list[dict], source: int, pad_id: int) -> Batch:

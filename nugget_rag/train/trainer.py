@@ -104,6 +104,7 @@ class Trainer:
         self.objective = ObjectiveLoss(model, config.data, config.distill, self.teacher, config.stream)
         self.loss, self.optimizer = self.accelerator.prepare(self.objective, self.optimizer)
         self.step = 0
+        self.passes = 1  # forward/backward passes per micro-batch: doubled when one runs out of GPU memory
         if trackers:
             self.accelerator.init_trackers("nugget-rag")
 
@@ -248,16 +249,13 @@ class Trainer:
         stopped_by_time = False
         while self.step < cfg.max_steps:
             tick = time.monotonic()
-            for micro in range(cfg.grad_accum):
+            batches = []
+            for _ in range(cfg.grad_accum):
                 ratio = self._ratio()
-                batch = self.mixture.next_batch()
-                batch.ratio = ratio
-                sync = micro == cfg.grad_accum - 1
-                with acc.no_sync(self.loss) if not sync and acc.num_processes > 1 else nullcontext():
-                    loss = self.loss(batch)
-                    acc.backward(loss / cfg.grad_accum)
-                window.add(self.names[batch.source], loss.detach().item(), batch, self.objective.terms,
-                           self.objective.flops)
+                batches.append(self.mixture.next_batch())
+                batches[-1].ratio = ratio
+            for batch, (loss, terms, flops) in zip(batches, self._backward(batches)):
+                window.add(self.names[batch.source], loss, batch, terms, flops)
             if cfg.optim.max_grad_norm:
                 acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
             self.optimizer.step()
@@ -268,7 +266,7 @@ class Trainer:
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 line = {"kind": "train", "step": self.step, "lr": self.scheduler.get_last_lr()[0], **window.flush(),
-                        "elapsed_s": round(time.monotonic() - start, 1)}
+                        "passes": self.passes, "elapsed_s": round(time.monotonic() - start, 1)}
                 losses.append(line)
                 self._metric(line)
                 bar.set_postfix({k[5:]: f"{v:.3f}" for k, v in line.items() if k.startswith("loss/")})
@@ -293,6 +291,44 @@ class Trainer:
             self.plot()
         acc.end_training()
         return TrainResult(self.step, self.out, final, losses)
+
+    def _backward(self, batches: list[Batch]) -> list[tuple[float, dict[str, float], float | None]]:
+        """Backpropagate one step's micro-batches, each cut into `self.passes` passes, each pass weighted by its share
+        of the targets: the gradient of the micro-batches' mean loss. When a pass runs out of GPU memory (one
+        process), the step's gradients are dropped and it starts again in twice the passes: the same examples and
+        gradient at less memory, and every later step keeps the smaller passes. Returns each micro-batch's loss,
+        loss terms and model FLOPs."""
+        acc = self.accelerator
+        while True:
+            try:
+                return [self._backward_passes(batch, last=i == len(batches) - 1, scale=1 / len(batches))
+                        for i, batch in enumerate(batches)]
+            except torch.OutOfMemoryError:
+                largest = max(len(batch.documents) for batch in batches)
+                if acc.num_processes > 1 or self.passes >= largest:
+                    raise
+            self.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            self.passes *= 2
+            log.warning("out of GPU memory at step %d: each micro-batch now runs in %d passes (at most %d examples "
+                        "each; batch_size %d stays the step's batch)", self.step, self.passes,
+                        -(-largest // self.passes), self.config.batch_size)
+
+    def _backward_passes(self, batch: Batch, last: bool, scale: float) -> tuple[float, dict[str, float], float | None]:
+        acc = self.accelerator
+        parts = batch.split(self.passes)
+        total, loss_value, terms, flops = batch.targets, 0.0, defaultdict(float), 0.0
+        for i, part in enumerate(parts):
+            weight = part.targets / total
+            sync = last and i == len(parts) - 1
+            with acc.no_sync(self.loss) if not sync and acc.num_processes > 1 else nullcontext():
+                loss = self.loss(part)
+                acc.backward(loss * (weight * scale))
+            loss_value += loss.detach().item() * weight
+            for term, value in self.objective.terms.items():
+                terms[term] += value * weight
+            flops = None if flops is None or self.objective.flops is None else flops + self.objective.flops
+        return loss_value, dict(terms), flops
 
     def _resume(self) -> None:
         found = checkpoint.latest(self.out)
