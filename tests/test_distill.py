@@ -29,9 +29,10 @@ def first_batch(trainer: Trainer, ratio: float | None = None):
     return batch
 
 
-def test_kl_is_zero_where_the_student_reads_everything_the_teacher_reads(data, tmp_path):
+@pytest.mark.parametrize("positions", ["targets", "all"])
+def test_kl_is_zero_where_the_student_reads_everything_the_teacher_reads(positions, data, tmp_path):
     """r = 1, one document, untrained (identity) adapters: the decoder reads exactly the teacher's states."""
-    cfg = config(tmp_path, [qa_source(data)], distill={"weight": 0.5, "direction": "both"})
+    cfg = config(tmp_path, [qa_source(data)], distill={"weight": 0.5, "direction": "both", "positions": positions})
     trainer = Trainer(cfg, tiny_model())
     trainer.objective(first_batch(trainer, ratio=1))
     assert trainer.objective.terms["kl"] < 1e-5
@@ -59,6 +60,20 @@ def test_teacher_logits_align_with_the_students_targets(data, tmp_path):
         batch.token_mask, labels=batch.labels, soft_prompt=True, prefixes=batch.prefixes,
     ).target_logits
     assert teacher.shape == student.shape == (int((batch.labels != -100).sum()), len(trainer.model.tokenizer))
+
+
+@pytest.mark.parametrize("name", ["qa", "autoencoding"])
+def test_kl_at_all_positions_keeps_the_cross_entropy_on_the_targets(name, data, tmp_path):
+    spec = qa_source(data) if name == "qa" else source(name, data)
+    trainer = Trainer(config(tmp_path, [spec], distill={"weight": 0.5}), tiny_model())
+    batch = first_batch(trainer)
+    trainer.objective(batch)
+    on_targets = dict(trainer.objective.terms)
+    trainer.objective.distill = trainer.objective.distill.model_copy(update={"positions": "all"})
+    trainer.objective(batch)
+    assert trainer.objective.terms["ce"] == pytest.approx(on_targets["ce"], rel=1e-5)
+    # QA adds the question's tokens; autoencoding's every token is a target already
+    assert (trainer.objective.terms["kl"] == pytest.approx(on_targets["kl"], rel=1e-5)) == (name == "autoencoding")
 
 
 def test_kl_gradient_reaches_both_adapters_and_the_scorer(data, tmp_path):

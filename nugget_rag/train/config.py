@@ -110,6 +110,10 @@ class Distillation(BaseModel):
                                                         "renormalised there (less memory).")
     teacher: str | None = Field(None, description="Teacher LLaMA directory (same tokenizer; default: the student's "
                                                   "own base model, adapters off).")
+    positions: Literal["targets", "all"] = Field(
+        "targets", description="Where the KL compares the two: at the target tokens only, or at every decoder token "
+        "after the documents, the prompt's as well (KV-Distill; more signal per example). Autoregressive mode always "
+        "compares every token that reads nuggets.")
 
     @model_validator(mode="after")
     def _check(self) -> Distillation:

@@ -27,6 +27,12 @@ def compress_batch(model: NuggetModel, batch: Batch, source: Source) -> list[lis
     return [[next(states) for _ in docs] for docs in batch.documents]
 
 
+def decoder_targets(labels: torch.Tensor, soft_prompt: bool) -> torch.Tensor:
+    """Labels aligned with the decoder states that predict them (`NuggetModel.decode`): each token is predicted by
+    the one before it, the first by the soft prompt's last vector (when there is one)."""
+    return labels if soft_prompt else labels[:, 1:]
+
+
 def stream_batch(model: NuggetModel, batch: Batch, settings: StreamSettings) -> tuple[Batch, torch.Tensor, torch.Tensor]:
     """Autoregressive mode: each text read by its own NuggetStream at the batch's ratio. Returns the batch with
     its labels kept only where the token before reads nuggets (`NuggetStream.reads_nuggets_from`), and the logits that
@@ -81,21 +87,29 @@ class ObjectiveLoss(nn.Module):
         self.flops = None
         if objective.autoregressive:
             batch, target_logits, targets = stream_batch(self.model, batch, self.stream)
+            compared = batch
             ce = F.cross_entropy(target_logits, targets)
         else:
             device = self.model.device
             states = compress_batch(self.model, batch, source)
+            compared = batch
+            if self.distill is not None and self.distill.positions == "all" and not source.full_context:
+                compared = replace(batch, labels=torch.where(batch.token_mask, batch.input_ids, -100))
             out = self.model.decode(
                 states, batch.input_ids.to(device), batch.token_mask.to(device),
-                labels=batch.labels.to(device), soft_prompt=objective.soft_prompt, adapter=DECODER,
+                labels=compared.labels.to(device), soft_prompt=objective.soft_prompt, adapter=DECODER,
                 return_logits=False, prefixes=batch.prefixes,
             )
             ce, target_logits = out.loss, out.target_logits
+            if compared is not batch:  # the cross-entropy stays on the targets among the compared positions
+                soft = self.model.soft_prompt.shape[0] > 0 and objective.soft_prompt
+                gold = decoder_targets(batch.labels, soft)[decoder_targets(compared.labels, soft) != -100].to(device)
+                ce = F.cross_entropy(target_logits[gold != -100], gold[gold != -100])
             self.flops = self._step_flops(batch, source, states, len(target_logits))
         if self.distill is None or source.full_context:
             self.terms = {"ce": float(ce.detach())}
             return ce
-        kl = kl_loss(target_logits, self.teacher.target_logits(batch, objective.soft_prompt), self.distill)
+        kl = kl_loss(target_logits, self.teacher.target_logits(compared, objective.soft_prompt), self.distill)
         if self.flops is not None:
             teacher = [(len(p) + sum(map(len, docs)) + int(n), 0)
                        for p, docs, n in zip(batch.prefixes, batch.documents, batch.token_mask.sum(1))]
