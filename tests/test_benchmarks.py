@@ -124,3 +124,15 @@ def test_offline_bundle_parts_join_back_byte_for_byte(tmp_path):
         bundle.join(folders[:1], tmp_path / "again")
     with pytest.raises(SystemExit, match="SHA-256"):
         bundle.join(folders[:3], tmp_path / "again")  # every file has a piece, the last one lacks its tail
+
+
+def test_step_ops_counts_each_part_and_restores_the_methods(make_model):
+    step_ops = load_script("step_ops")
+    model = make_model()
+    score = type(model).score
+    counter = step_ops.OpCounter()
+    with counter, counter.attributed():
+        model.compress([[5, 6, 7, 8, 9]], ratio=2)
+    assert counter.counts["scorer"] > 0 and counter.counts["encoder"] > 0
+    assert set(counter.counts) <= {"scorer", "encoder", "other"}
+    assert type(model).score is score

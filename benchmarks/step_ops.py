@@ -1,0 +1,128 @@
+"""Host work per training micro-batch: the aten operations one forward + backward of the recipe's loss dispatches,
+by part and by batch size. On a GPU each one is a kernel launch or a view the host prepares, so when their count
+does not grow with the batch, a small batch leaves the GPU waiting on the host.
+
+    python benchmarks/step_ops.py --batch-sizes 2 8 --threads 2
+
+For each source of the recipe (`--config`) and each batch size it draws one micro-batch (grouped by length, as the
+recipe does) and counts, with a TorchDispatchMode, the operations of the Scorer, the encoder pass, the decoder's
+prompt prefix (`layout`), the decoder pass, the teacher and the backward pass. Writes
+benchmarks/results/<name>.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+import tempfile
+from collections import Counter
+from contextlib import contextmanager
+from datetime import date
+from pathlib import Path
+
+import torch
+import yaml
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nugget_rag.model import NuggetModel
+from nugget_rag.train.config import TrainConfig
+from nugget_rag.train.distill import Teacher
+from nugget_rag.train.trainer import Trainer
+
+PARTS = {"scorer": (NuggetModel, "score"), "encoder": (NuggetModel, "_compress_segments"),
+         "prefix": (NuggetModel, "layout"), "decoder": (NuggetModel, "decode"), "teacher": (Teacher, "target_logits")}
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts dispatched aten operations under the current `part`."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+        self.part = "other"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[self.part] += 1
+        return func(*args, **(kwargs or {}))
+
+    @contextmanager
+    def attributed(self):
+        """Count each of PARTS' methods under its part's name while inside."""
+        originals = {part: getattr(cls, name) for part, (cls, name) in PARTS.items()}
+
+        def wrapper(part, method):
+            def run(*args, **kwargs):
+                outer, self.part = self.part, part
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    self.part = outer
+            return run
+
+        for part, (cls, name) in PARTS.items():
+            setattr(cls, name, wrapper(part, originals[part]))
+        try:
+            yield
+        finally:
+            for part, (cls, name) in PARTS.items():
+                setattr(cls, name, originals[part])
+
+
+def count(recipe: dict, batch_size: int, out: Path) -> list[dict]:
+    config = TrainConfig.model_validate(recipe | {
+        "output_dir": str(out / f"b{batch_size}"), "batch_size": batch_size, "grad_accum": 1, "max_steps": 1,
+        "scorer_warm_start": {"steps": 0}, "eval_every": 0, "eval_examples": 1, "eval_generate": 0})
+    trainer = Trainer(config)
+    trainer.model.train()
+    rows, seen = [], set()
+    while len(seen) < len(trainer.names):
+        batch = trainer.mixture.next_batch()
+        name = trainer.names[batch.source]
+        if name in seen:
+            continue
+        seen.add(name)
+        counter = OpCounter()
+        with counter, counter.attributed():
+            loss = trainer.loss(batch)
+            counter.part = "backward"
+            loss.backward()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        rows.append({"source": name, "batch_size": batch_size, "tokens": batch.tokens,
+                     "padded_tokens": batch.padded_tokens, "ops": sum(counter.counts.values()), **counter.counts})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/recipe-r10.yaml"))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[2, 8])
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--name", default="step-ops")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    recipe = yaml.safe_load(args.config.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [row for size in args.batch_sizes for row in count(recipe, size, Path(tmp))]
+    parts = ["scorer", "encoder", "prefix", "decoder", "teacher", "backward", "other"]
+    lines = [f"# Host operations per training micro-batch ({date.today()})", "",
+             f"`python {shlex.join(sys.argv)}` on {platform.machine()}, torch {torch.__version__}; {args.config}.", "",
+             "| source | batch | tokens | aten ops | ops per 1k tokens | " + " | ".join(parts) + " |",
+             "|---|---|---|---|---|" + "---|" * len(parts)]
+    for row in sorted(rows, key=lambda r: (r["source"], r["batch_size"])):
+        lines.append(f"| {row['source']} | {row['batch_size']} | {row['tokens']} | {row['ops']} | "
+                     f"{1000 * row['ops'] / row['tokens']:.0f} | " + " | ".join(str(row.get(p, 0)) for p in parts) + " |")
+    results = Path("benchmarks/results")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (results / f"{args.name}.json").write_text(json.dumps({"args": vars(args) | {"config": str(args.config)},
+                                                           "rows": rows}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
