@@ -2,6 +2,7 @@
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -444,3 +445,9 @@ def test_running_out_of_memory_with_one_example_per_pass_is_raised(data, tmp_pat
     with pytest.raises(torch.OutOfMemoryError):
         trainer.train()
     assert trainer.passes == 2
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_is_a_valid_training_config(path):
+    config = load_config(build_parser().parse_args(["train", "--config", str(path)]))
+    assert config.data and config.max_steps > 0
