@@ -451,3 +451,12 @@ def test_running_out_of_memory_with_one_example_per_pass_is_raised(data, tmp_pat
 def test_every_shipped_config_is_a_valid_training_config(path):
     config = load_config(build_parser().parse_args(["train", "--config", str(path)]))
     assert config.data and config.max_steps > 0
+
+
+def test_a_scorer_learning_rate_of_zero_keeps_the_scorer(data, tmp_path):
+    model = tiny_model()
+    before = snapshot(model)
+    train(config(tmp_path, [source("qa", data)], optim={"warmup_steps": 1, "lr": 1e-3, "scorer_lr": 0}), model)
+    after = snapshot(model)
+    assert all(torch.equal(before[n], after[n]) for n in before if n.startswith("scorer."))
+    assert any(not torch.equal(before[n], after[n]) for n in before if f".{DECODER}." in n and "lora_" in n)

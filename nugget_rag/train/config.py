@@ -86,7 +86,8 @@ class Optimizer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lr: float = Field(1e-4, gt=0)
-    scorer_lr: float | None = Field(None, gt=0, description="Learning rate of the Scorer (default: lr).")
+    scorer_lr: float | None = Field(None, ge=0, description="Learning rate of the Scorer (default: lr; 0: the Scorer "
+                                                           "keeps its weights, e.g. a warm start's).")
     soft_prompt_lr: float | None = Field(None, gt=0, description="Learning rate of the soft prompt (default: lr).")
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(1e-5, gt=0)

@@ -182,7 +182,7 @@ class Trainer:
         opt, model = self.config.optim, self.model
         groups = [
             {"params": [p for name in ("encoder", DECODER) for p in model.adapter_parameters(name)], "lr": opt.lr},
-            {"params": list(model.scorer.parameters()), "lr": opt.scorer_lr or opt.lr},
+            {"params": list(model.scorer.parameters()), "lr": opt.lr if opt.scorer_lr is None else opt.scorer_lr},
             {"params": [model.soft_prompt], "lr": opt.soft_prompt_lr or opt.lr},
         ]
         return torch.optim.AdamW(groups, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
