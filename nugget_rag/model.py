@@ -350,12 +350,14 @@ class NuggetModel(nn.Module):
         adapter: str | None = DECODER,
         return_logits: bool = True,
         prefixes: Sequence[Sequence[int] | None] | None = None,
+        logit_labels: torch.Tensor | None = None,
     ) -> DecoderOutput:
         """Decoder pass over `input_ids` after each sample's prompt prefix and documents' nuggets (and soft prompt).
 
         `labels` align with `input_ids` (-100 = ignored); the loss predicts each label from everything before it
         (with the soft prompt, the first token too). Logits (over `input_ids`) are left out with return_logits=False,
-        and the loss then runs the output layer only where there are labels.
+        and the loss then runs the output layer only where there are labels. `target_logits` are those predicting
+        `logit_labels` (default: `labels`), which then must cover every label; the loss stays on `labels`.
         """
         token_mask = torch.ones_like(input_ids, dtype=torch.bool) if token_mask is None else token_mask.bool()
         layout = self.layout(samples, prefixes, adapter)
@@ -368,13 +370,17 @@ class NuggetModel(nn.Module):
         loss = target_logits = None
         if labels is not None:
             labels = labels.to(hidden.device)
+            shown = labels if logit_labels is None else logit_labels.to(hidden.device)
             # hidden at position i predicts the token at i + 1; with a soft prompt its last vector predicts token 0
-            predictors, targets = (hidden[:, extra - 1 : -1], labels) if extra else (hidden[:, :-1], labels[:, 1:])
-            kept = targets != -100
-            if not kept.any():
+            predictors, targets, shown = ((hidden[:, extra - 1 : -1], labels, shown) if extra
+                                          else (hidden[:, :-1], labels[:, 1:], shown[:, 1:]))
+            kept = shown != -100
+            if not (targets != -100).any():
                 raise ValueError("labels has no target (every label is -100)")
             target_logits = self.logits(predictors[kept]).float()
-            loss = F.cross_entropy(target_logits, targets[kept])
+            targets = targets[kept]
+            labelled = targets != -100  # all of them unless logit_labels shows more positions
+            loss = F.cross_entropy(target_logits[labelled], targets[labelled])
         return DecoderOutput(logits=logits, loss=loss, target_logits=target_logits)
 
     def read_text(self, input_ids: torch.Tensor, token_mask: torch.Tensor, adapter: str | None = None) -> torch.Tensor:

@@ -27,12 +27,6 @@ def compress_batch(model: NuggetModel, batch: Batch, source: Source) -> list[lis
     return [[next(states) for _ in docs] for docs in batch.documents]
 
 
-def decoder_targets(labels: torch.Tensor, soft_prompt: bool) -> torch.Tensor:
-    """Labels aligned with the decoder states that predict them (`NuggetModel.decode`): each token is predicted by
-    the one before it, the first by the soft prompt's last vector (when there is one)."""
-    return labels if soft_prompt else labels[:, 1:]
-
-
 def stream_batch(model: NuggetModel, batch: Batch, settings: StreamSettings) -> tuple[Batch, torch.Tensor, torch.Tensor]:
     """Autoregressive mode: each text read by its own NuggetStream at the batch's ratio. Returns the batch with
     its labels kept only where the token before reads nuggets (`NuggetStream.reads_nuggets_from`), and the logits that
@@ -97,14 +91,11 @@ class ObjectiveLoss(nn.Module):
                 compared = replace(batch, labels=torch.where(batch.token_mask, batch.input_ids, -100))
             out = self.model.decode(
                 states, batch.input_ids.to(device), batch.token_mask.to(device),
-                labels=compared.labels.to(device), soft_prompt=objective.soft_prompt, adapter=DECODER,
+                labels=batch.labels.to(device), soft_prompt=objective.soft_prompt, adapter=DECODER,
                 return_logits=False, prefixes=batch.prefixes,
+                logit_labels=None if compared is batch else compared.labels,
             )
             ce, target_logits = out.loss, out.target_logits
-            if compared is not batch:  # the cross-entropy stays on the targets among the compared positions
-                soft = self.model.soft_prompt.shape[0] > 0 and objective.soft_prompt
-                gold = decoder_targets(batch.labels, soft)[decoder_targets(compared.labels, soft) != -100].to(device)
-                ce = F.cross_entropy(target_logits[gold != -100], gold[gold != -100])
             self.flops = self._step_flops(batch, source, states, len(target_logits))
         if self.distill is None or source.full_context:
             self.terms = {"ce": float(ce.detach())}
