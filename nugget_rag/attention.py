@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 ATTENTION_NAME = "nugget_sdpa"
@@ -113,17 +113,27 @@ def nugget_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     key, value, mask = nuggets.extend(module.layer_idx, key, value, query.shape[2])
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1 and mask is not None and repeat_masked_gqa(query.device):
+        key, value, groups = repeat_kv(key, groups), repeat_kv(value, groups), 1
     out = F.scaled_dot_product_attention(
         query,
         key,
         value,
         attn_mask=mask,
         dropout_p=dropout,
-        is_causal=mask is None and query.shape[2] > 1,  # an encoder pass: plain causal attention
+        is_causal=mask is None,  # an encoder pass: plain causal attention over the document alone
         scale=scaling,
-        enable_gqa=key.shape[1] != query.shape[1],
+        enable_gqa=groups > 1,
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def repeat_masked_gqa(device: torch.device) -> bool:
+    """Whether grouped keys/values under a mask are repeated to one head per query head before SDPA: on CUDA, whose
+    fused kernels take either a mask or grouped heads, and fall back to the math kernel (scores materialised in
+    float32) when given both (transformers' `use_gqa_in_sdpa` makes the same choice)."""
+    return device.type == "cuda"
 
 
 _NUGGET_FORWARD: ContextVar[bool] = ContextVar("nugget_forward", default=False)

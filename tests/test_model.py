@@ -642,6 +642,28 @@ def test_states_of_another_base_model_are_refused(make_model, doc_ids):
         other.decode([states], torch.tensor([doc_ids(PROMPT)]))
 
 
+def test_masked_grouped_heads_repeated_as_on_cuda_give_the_same_pass(make_model, doc_ids, monkeypatch):
+    """On CUDA the decoder repeats grouped key/value heads (SDPA's fused kernels take a mask or groups, not both):
+    the same loss and gradients as SDPA's own grouping."""
+    from nugget_rag import attention
+
+    model = make_model(ratio=3)
+    assert model.llama.config.num_key_value_heads < model.llama.config.num_attention_heads
+    model.train()
+    runs = []
+    for repeat in (False, True):
+        monkeypatch.setattr(attention, "repeat_masked_gqa", lambda device, repeat=repeat: repeat)
+        model.zero_grad()
+        out = _train_step(model, doc_ids, soft_prompt=True)
+        out.loss.backward()
+        runs.append((out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = runs
+    torch.testing.assert_close(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
 def test_nugget_passes_spare_transformers_building_a_mask(make_model, doc_ids, monkeypatch):
     """Nugget forwards bring their own mask; a padded decode must not also build (and drop) transformers' one."""
     from nugget_rag import attention
