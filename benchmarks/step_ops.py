@@ -36,6 +36,26 @@ PARTS = {"scorer": (NuggetModel, "score"), "encoder": (NuggetModel, "_compress_s
          "prefix": (NuggetModel, "layout"), "decoder": (NuggetModel, "decode"), "teacher": (Teacher, "target_logits")}
 
 
+@contextmanager
+def attributed(around):
+    """Run each of PARTS' methods inside `around(part)`, a context manager, while inside."""
+    originals = {part: getattr(cls, name) for part, (cls, name) in PARTS.items()}
+
+    def wrapper(part, method):
+        def run(*args, **kwargs):
+            with around(part):
+                return method(*args, **kwargs)
+        return run
+
+    for part, (cls, name) in PARTS.items():
+        setattr(cls, name, wrapper(part, originals[part]))
+    try:
+        yield
+    finally:
+        for part, (cls, name) in PARTS.items():
+            setattr(cls, name, originals[part])
+
+
 class OpCounter(TorchDispatchMode):
     """Counts dispatched aten operations under the current `part`."""
 
@@ -49,26 +69,12 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     @contextmanager
-    def attributed(self):
-        """Count each of PARTS' methods under its part's name while inside."""
-        originals = {part: getattr(cls, name) for part, (cls, name) in PARTS.items()}
-
-        def wrapper(part, method):
-            def run(*args, **kwargs):
-                outer, self.part = self.part, part
-                try:
-                    return method(*args, **kwargs)
-                finally:
-                    self.part = outer
-            return run
-
-        for part, (cls, name) in PARTS.items():
-            setattr(cls, name, wrapper(part, originals[part]))
+    def inside(self, part: str):
+        outer, self.part = self.part, part
         try:
             yield
         finally:
-            for part, (cls, name) in PARTS.items():
-                setattr(cls, name, originals[part])
+            self.part = outer
 
 
 def count(recipe: dict, batch_size: int, out: Path) -> list[dict]:
@@ -85,7 +91,7 @@ def count(recipe: dict, batch_size: int, out: Path) -> list[dict]:
             continue
         seen.add(name)
         counter = OpCounter()
-        with counter, counter.attributed():
+        with counter, attributed(counter.inside):
             loss = trainer.loss(batch)
             counter.part = "backward"
             loss.backward()

@@ -131,7 +131,7 @@ def test_step_ops_counts_each_part_and_restores_the_methods(make_model):
     model = make_model()
     score = type(model).score
     counter = step_ops.OpCounter()
-    with counter, counter.attributed():
+    with counter, step_ops.attributed(counter.inside):
         model.compress([[5, 6, 7, 8, 9]], ratio=2)
     assert counter.counts["scorer"] > 0 and counter.counts["encoder"] > 0
     assert set(counter.counts) <= {"scorer", "encoder", "other"}
