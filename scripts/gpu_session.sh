@@ -16,6 +16,8 @@
 #           step resumes from it exactly; otherwise training starts from INIT
 #   INIT    an export to start from (a previous step's OUT_DIR/export), default the shipped checkpoint
 #   CONFIG  the recipe, default configs/recipe-r10.yaml;  EVAL_LIMIT  dev questions (a random sample), default 300
+#   EVAL_BATCH  examples generated together while scoring dev, default 64 (the harness's own 4 left an H200
+#           short of 78 s for 300 questions)
 #   PYTHON  an interpreter with nugget-rag importable; default .venv/bin/python, installed first if missing
 #           (with WHEELS: python3, the machine's own PyTorch)
 #   WHEELS  a folder of wheels to install offline first (a machine without a package index; scripts/offline_bundle.py)
@@ -64,6 +66,7 @@ if [ "$left" -lt 20 ]; then
 fi
 log "scoring dev in at most ${left} s"
 timeout "$left" "$py" -m nugget_rag.cli eval --tasks squad autoencoding --systems nugget --ratios 5 10 --split dev \
-  --limit "${EVAL_LIMIT:-300}" --sample random --task-limit autoencoding=10 --ae-lengths 100 200 --checkpoint "$out/export" --out-dir "$out" --name dev --no-plots -q \
+  --limit "${EVAL_LIMIT:-300}" --sample random --task-limit autoencoding=10 --ae-lengths 100 200 --batch-size "${EVAL_BATCH:-64}" \
+  --checkpoint "$out/export" --out-dir "$out" --name dev --no-plots -q \
   >>"$out/train.log" 2>&1 || log "dev scoring stopped (rc $?): the export is in $out/export all the same"
 log "done in $(( $(date +%s) - begin )) s"
