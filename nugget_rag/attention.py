@@ -157,7 +157,9 @@ def _mask(*args, **kwargs) -> torch.Tensor | None:
     return None if _NUGGET_FORWARD.get() else sdpa_mask(*args, **kwargs)
 
 
-AttentionInterface.register(ATTENTION_NAME, nugget_attention)
+# Left out of torch.compile (NuggetModel.compile_layers): the nugget objects it records into and each layer's index
+# would make every layer its own compiled variant.
+AttentionInterface.register(ATTENTION_NAME, torch.compiler.disable(nugget_attention))
 AttentionMaskInterface.register(ATTENTION_NAME, _mask)
 
 

@@ -34,6 +34,7 @@ from .scorer import Scorer, select_nuggets
 from .state import NuggetState
 
 PREFIX_CACHE_SIZE = 8  # prompt openings kept between queries (one per system prompt in use, typically)
+COMPILED_VARIANTS = 64  # torch.compile recompilations allowed per layer function (adapters x grad modes x shapes)
 
 
 @dataclass
@@ -182,6 +183,13 @@ class NuggetModel(nn.Module):
     def enable_gradient_checkpointing(self) -> None:
         """Checkpoint every decoder layer; the replay runs under the adapter that was active in the forward pass."""
         self.adapters.enable_gradient_checkpointing(self.llama)
+
+    def compile_layers(self) -> None:
+        """torch.compile each decoder layer of the base model, with dynamic shapes. Attention runs eager (attention.py),
+        so one compiled layer serves all layers; variants arise per adapter, per grad mode and per input shape class."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_VARIANTS)
+        for layer in self.layers:
+            layer.compile(dynamic=True)
 
     # ------------------------------------------------------------------ identity
     def fingerprint(self, ratio: float | None = None, adapter: str | None = ENCODER,

@@ -193,6 +193,11 @@ class TrainConfig(BaseModel):
         "auto", description="auto: bf16 on GPU, else no. bf16 also speeds up CPUs with native bf16 (AVX512-BF16, AMX)."
     )
     gradient_checkpointing: bool = False
+    compile: bool = Field(
+        False, description="torch.compile each layer of the base model (dynamic shapes; attention stays eager): fuses "
+                           "the element-wise operations of the norms, rotary embeddings, LoRA and MLP, for GPUs; the "
+                           "first steps pay the compilation. No faster on a CPU (BENCHMARKS.md).",
+    )
     export_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Weights of the final export (bfloat16: half the size; checkpoints stay float32)."
     )
@@ -223,5 +228,6 @@ class TrainConfig(BaseModel):
         return self.model_dump(
             mode="json",
             exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
-                     "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops"},
+                     "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
+                     "compile"},
         )

@@ -95,6 +95,8 @@ class Trainer:
             model.load_parts(start)
         if config.gradient_checkpointing:
             model.enable_gradient_checkpointing()
+        if config.compile:
+            model.compile_layers()
         self.model = model
         self.teacher = self._teacher() if config.distill.weight > 0 else None
         self.names = source_names(config.data)
