@@ -19,6 +19,7 @@ import shlex
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
@@ -29,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nugget_rag.model import NuggetModel
 from nugget_rag.train.config import TrainConfig
+from nugget_rag.train.data import Batch
 from nugget_rag.train.distill import Teacher
 from nugget_rag.train.trainer import Trainer
 
@@ -77,19 +79,25 @@ class OpCounter(TorchDispatchMode):
             self.part = outer
 
 
+def one_batch_per_source(trainer: Trainer) -> Iterator[tuple[str, Batch]]:
+    """The first micro-batch the recipe's mixture draws from each of its sources, with the source's name."""
+    seen: set[str] = set()
+    while len(seen) < len(trainer.names):
+        batch = trainer.mixture.next_batch()
+        name = trainer.names[batch.source]
+        if name not in seen:
+            seen.add(name)
+            yield name, batch
+
+
 def count(recipe: dict, batch_size: int, out: Path) -> list[dict]:
     config = TrainConfig.model_validate(recipe | {
         "output_dir": str(out / f"b{batch_size}"), "batch_size": batch_size, "grad_accum": 1, "max_steps": 1,
         "scorer_warm_start": {"steps": 0}, "eval_every": 0, "eval_examples": 1, "eval_generate": 0})
     trainer = Trainer(config)
     trainer.model.train()
-    rows, seen = [], set()
-    while len(seen) < len(trainer.names):
-        batch = trainer.mixture.next_batch()
-        name = trainer.names[batch.source]
-        if name in seen:
-            continue
-        seen.add(name)
+    rows = []
+    for name, batch in one_batch_per_source(trainer):
         counter = OpCounter()
         with counter, attributed(counter.inside):
             loss = trainer.loss(batch)

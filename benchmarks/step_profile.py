@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from step_ops import PARTS, attributed
+from step_ops import PARTS, attributed, one_batch_per_source
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from nugget_rag.train.config import TrainConfig
@@ -48,14 +48,8 @@ def profile_sources(recipe: dict, args, out: Path) -> tuple[list[dict], list[dic
     device = trainer.model.device
     gpu = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    rows, ops, seen = [], {}, set()
-    while len(seen) < len(trainer.names):
-        batch = trainer.mixture.next_batch()
-        name = trainer.names[batch.source]
-        if name in seen:
-            continue
-        seen.add(name)
-
+    rows, ops = [], {}
+    for name, batch in one_batch_per_source(trainer):
         def step():
             trainer.loss(batch).backward()
             trainer.optimizer.zero_grad(set_to_none=True)

@@ -174,20 +174,26 @@ def test_frozen_parts_get_no_gradient(make_model, doc_ids):
     assert all(p.grad is not None for p in model.adapter_parameters(ENCODER))
 
 
-def test_gradient_checkpointing_keeps_nuggets_and_gradients(make_model, doc_ids):
-    plain, checkpointed = make_model(ratio=3), make_model(ratio=3)
-    checkpointed.enable_gradient_checkpointing()
-    grads = []
-    for model in (plain, checkpointed):
-        model.train()
-        out = _train_step(model, doc_ids, soft_prompt=True)
-        out.loss.backward()
-        grads.append((out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (loss_a, grads_a), (loss_b, grads_b) = grads
+def _loss_and_gradients(model: NuggetModel, doc_ids) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.train()
+    model.zero_grad()
+    out = _train_step(model, doc_ids, soft_prompt=True)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same_step(a, b, atol: float, rtol: float) -> None:
+    (loss_a, grads_a), (loss_b, grads_b) = a, b
     torch.testing.assert_close(loss_a, loss_b)
     assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
     for name in grads_a:
-        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-3, msg=name)
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=atol, rtol=rtol, msg=name)
+
+
+def test_gradient_checkpointing_keeps_nuggets_and_gradients(make_model, doc_ids):
+    plain, checkpointed = make_model(ratio=3), make_model(ratio=3)
+    checkpointed.enable_gradient_checkpointing()
+    _assert_same_step(_loss_and_gradients(plain, doc_ids), _loss_and_gradients(checkpointed, doc_ids), 1e-5, 1e-3)
 
 
 def test_save_and_load_give_identical_outputs(make_model, doc_ids, tmp_path):
@@ -649,19 +655,11 @@ def test_masked_grouped_heads_repeated_as_on_cuda_give_the_same_pass(make_model,
 
     model = make_model(ratio=3)
     assert model.llama.config.num_key_value_heads < model.llama.config.num_attention_heads
-    model.train()
     runs = []
     for repeat in (False, True):
         monkeypatch.setattr(attention, "repeat_masked_gqa", lambda device, repeat=repeat: repeat)
-        model.zero_grad()
-        out = _train_step(model, doc_ids, soft_prompt=True)
-        out.loss.backward()
-        runs.append((out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (loss_a, grads_a), (loss_b, grads_b) = runs
-    torch.testing.assert_close(loss_a, loss_b)
-    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
-    for name in grads_a:
-        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-6, rtol=1e-4, msg=name)
+        runs.append(_loss_and_gradients(model, doc_ids))
+    _assert_same_step(*runs, 1e-6, 1e-4)
 
 
 def test_nugget_passes_spare_transformers_building_a_mask(make_model, doc_ids, monkeypatch):
