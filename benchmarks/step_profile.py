@@ -70,7 +70,7 @@ def profile_sources(recipe: dict, args, out: Path) -> tuple[list[dict], list[dic
         for e in events:
             if e.key.startswith("part:"):
                 row[e.key[5:]] = round((e.device_time_total if gpu else e.cpu_time_total) / 1e6, 4)
-            elif not e.key.startswith("ProfilerStep"):
+            elif (e.device_type.name == "CUDA") == gpu:  # on a GPU its kernels, else the CPU's operations
                 t = e.self_device_time_total if gpu else e.self_cpu_time_total
                 entry = ops.setdefault(e.key, {"op": e.key, "seconds": 0.0, "calls": 0})
                 entry["seconds"] += t / 1e6
@@ -109,7 +109,8 @@ def main() -> None:
                      f"{r['kernel_s'] if r['kernel_s'] is not None else '-'} | "
                      f"{r['gpu_busy'] if r['gpu_busy'] is not None else '-'} | "
                      + " | ".join(str(r.get(p, "-")) for p in parts) + " |")
-    lines += ["", f"Top {TOP_OPS} operations by self {clock} time, all sources together:", "",
+    what = "kernels by their time" if torch.cuda.is_available() else "operations by self CPU time"
+    lines += ["", f"Top {TOP_OPS} {what}, all sources together:", "",
               "| operation | seconds | calls | share of these |", "|---|---|---|---|"]
     lines += [f"| `{o['op'][:80]}` | {o['seconds']:.4f} | {o['calls']} | {o['seconds'] / total:.1%} |" for o in top]
     results = Path("benchmarks/results")
