@@ -24,11 +24,8 @@ from pathlib import Path
 
 import torch
 import yaml
-from step_ops import PARTS, attributed, one_batch_per_source
+from step_ops import PARTS, attributed, micro_batch_trainer, one_batch_per_source
 from torch.profiler import ProfilerActivity, profile, record_function
-
-from nugget_rag.train.config import TrainConfig
-from nugget_rag.train.trainer import Trainer
 
 TOP_OPS = 15
 
@@ -40,11 +37,7 @@ def _sync(device: torch.device) -> None:
 
 def profile_sources(recipe: dict, args, out: Path) -> tuple[list[dict], list[dict]]:
     """Per source: wall, device and per-part times of one micro-batch; and the top operations over all sources."""
-    config = TrainConfig.model_validate(recipe | {
-        "output_dir": str(out), "batch_size": args.batch_size, "grad_accum": 1, "max_steps": 1,
-        "scorer_warm_start": {"steps": 0}, "eval_every": 0, "eval_examples": 1, "eval_generate": 0})
-    trainer = Trainer(config)
-    trainer.model.train()
+    trainer = micro_batch_trainer(recipe, args.batch_size, out)
     device = trainer.model.device
     gpu = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
