@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from nugget_rag.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.files import fsync_directory, write_atomic
 from nugget_rag.llm import NuggetLLM
+from nugget_rag.resolution import ResolutionPolicy, default_resolution
 from nugget_rag.store import DirectoryByteStore, NuggetStore
 
 with warnings.catch_warnings():  # langchain-community announces its sunset on import
@@ -275,6 +276,7 @@ class NuggetIndex:
             "nugget_model": model.base_name,
             "nugget_fingerprint": self.compressor.fingerprint,
             "ratio": self.compressor.effective_ratio,
+            "keep_ratio": self.compressor.keep_ratio,
             "chunk_tokens": self.chunk_tokens,
             "chunk_overlap": self.chunk_overlap,
         }
@@ -307,8 +309,8 @@ class NuggetIndex:
         docs = self.documents
         for start in range(0, len(docs), 64):
             batch = docs[start : start + 64]
-            for doc, state in zip(batch, self.compressor.states(batch)):
-                target.put(doc.page_content, state)
+            for doc, found in zip(batch, self.compressor.lookup(batch)):
+                target.put(doc.page_content, found.stored)
 
     @classmethod
     def load(
@@ -505,16 +507,22 @@ def build_qa_chain(
     llm: NuggetLLM,
     k: int = 4,
     as_text: bool = False,
+    resolution: ResolutionPolicy | Literal["default"] | None = "default",
 ) -> Runnable:
     """question -> retrieve -> nuggets -> NuggetLLM: ``{"documents": retriever | compressor, "question": q} | llm``.
 
-    Returns the AIMessage (its ``response_metadata["sources"]`` names the retrieved chunks), or its text with
-    ``as_text=True``. `k` applies when a NuggetIndex is given.
+    Returns the AIMessage (its ``response_metadata["sources"]`` names the chunks read, ``["resolution"]`` how each
+    retrieved chunk was read and why), or its text with ``as_text=True``. `k` applies when a NuggetIndex is given.
+    `resolution`: how finely each chunk is read per question ("default": the llm's own policy, else
+    `default_resolution()`, the best measured; None: every chunk at the compressor's ratio).
     """
     if isinstance(index_or_retriever, NuggetIndex):
         retriever = index_or_retriever.as_retriever(k=k)
     else:
         retriever = index_or_retriever
+    if resolution == "default":
+        resolution = llm.resolution or default_resolution()
+    llm = llm if resolution is llm.resolution else llm.model_copy(update={"resolution": resolution})
     chain = {"documents": retriever | llm.compressor, "question": RunnablePassthrough()} | llm
     return chain | StrOutputParser() if as_text else chain
 

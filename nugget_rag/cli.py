@@ -29,6 +29,7 @@ from .cli_options import (
 )
 from .compressor import NuggetCompressor
 from .llm import NuggetLLM
+from .resolution import POLICIES
 
 log = logging.getLogger("nugget_rag.cli")
 
@@ -104,16 +105,21 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if not len(index):
         raise UserError(f"the index in {args.index} is empty; ingest documents into it first")
     llm = NuggetLLM(compressor=index.compressor, max_new_tokens=args.max_new_tokens)
+    resolution = None if args.resolution == "uniform" else "default" if args.resolution == "default" \
+        else POLICIES[args.resolution]()
     answer = None
-    for chunk in build_qa_chain(index, llm, k=args.k).stream(args.question):
+    for chunk in build_qa_chain(index, llm, k=args.k, resolution=resolution).stream(args.question):
         if chunk.content:
             sys.stdout.write(chunk.content)
             sys.stdout.flush()
         answer = chunk if answer is None else answer + chunk
     print()
+    meta = answer.response_metadata if answer is not None else {}
     print("Sources:")
-    for meta in (answer.response_metadata.get("sources", []) if answer is not None else []):
-        print(f"  {source_label(meta)}")
+    for source in meta.get("sources", []):
+        print(f"  {source_label(source)}")
+    for reading in meta.get("resolution", []):
+        print(f"  chunk {reading['index'] + 1}: {reading['reason']}")
     return 0
 
 
@@ -245,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--url", help="ask a running `nugget-rag serve` instead, e.g. http://127.0.0.1:8000")
     ask.add_argument("-k", type=positive_int, default=4, help="chunks to read (default 4)")
     ask.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N", help="answer length (default 128)")
+    ask.add_argument("--resolution", choices=["default", *POLICIES], default="default",
+                     help=("how finely each chunk is read: default (the best measured policy), uniform (all at the "
+                           "index's ratio), or a policy of nugget_rag.resolution with its defaults"))
     add_weights_option(ask)
     ask.set_defaults(func=cmd_ask)
 

@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
 from .checkpoint_files import DEFAULT_CHECKPOINT
-from .config import NuggetConfig
+from .config import ENCODER, NuggetConfig
 from .model import NuggetModel
 from .state import KVFormat, NuggetState
 from .store import NuggetStore
@@ -47,11 +47,13 @@ def as_documents(value: Any) -> list[Document]:
 
 
 class Compressed(NamedTuple):
-    """One document's nuggets: their store key, the state, and whether it came from the cache."""
+    """One document's nuggets: the key of the stored state they were read from, the state at the ratio asked for
+    (reading order), whether it came from the cache, and the stored state itself."""
 
     key: str
     state: NuggetState
     cached: bool
+    stored: NuggetState
 
 
 class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorInput, list[Document]]):
@@ -66,18 +68,31 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
 
     model: NuggetModel
     store: NuggetStore = Field(default_factory=NuggetStore)
-    ratio: float | None = Field(None, description="Compression ratio r; default: the model's.")
+    ratio: float | None = Field(None, description="Compression ratio r a document is read at unless a call asks for "
+                                "another; default: the model's.")
+    keep_ratio: float = Field(1.0, description="The finest ratio stored (each state's floor): a document is "
+                              "compressed once, its nuggets kept in resolution order down to this ratio, and read at "
+                              "any ratio >= keep_ratio without recompute. 1 keeps every position (23 KB a token in "
+                              "bfloat16, 6 KB in int4); a finer ratio asked for is compressed and stored anew.")
     batch_size: int = Field(8, ge=1, description="Documents compressed in one forward pass.")
     segment_tokens: int | None = Field(None, ge=1, description="Longer documents are split (default: model positions).")
     kv_format: KVFormat = Field("bfloat16", description="How nugget keys/values are kept and stored: bfloat16 (half "
                                 "of float32's bytes), float16, float32, int8 (a quarter; keys per channel, values per "
                                 "token) or int4 (an eighth). A state stored in another format is read as it is.")
+    text_states: bool = Field(False, description="Also store each document as the frozen model reads its text "
+                              "(r = 1, adapters off): what a resolution policy reads a document whole from, so that "
+                              "no question waits for it (twice the store's bytes at keep_ratio 1).")
     show_progress: bool = False
 
     @field_validator("ratio", mode="before")
     @classmethod
     def _check_ratio(cls, value: object) -> float | None:
         return None if value is None else NuggetConfig(ratio=value).ratio
+
+    @field_validator("keep_ratio", mode="before")
+    @classmethod
+    def _check_keep_ratio(cls, value: object) -> float:
+        return NuggetConfig(ratio=value).ratio
 
     @field_validator("store", mode="before")
     @classmethod
@@ -118,43 +133,93 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
 
     @property
     def fingerprint(self) -> str:
-        """What names this compressor's states in the store (`NuggetModel.fingerprint`)."""
-        return self.model.fingerprint(self.effective_ratio, segment_tokens=self.segment_tokens)
+        """What names this compressor's states in the store (`NuggetModel.fingerprint` of a ranked state at the
+        floor `keep_ratio`)."""
+        return self.stored_fingerprint(self.keep_ratio)
+
+    def stored_fingerprint(self, floor: float, adapter: str | None = ENCODER) -> str:
+        """The fingerprint of a ranked state with `floor`, made by `adapter` (None: the frozen model, whose states
+        read at r = 1 are the document as its text is read)."""
+        return self.model.fingerprint(floor, adapter, segment_tokens=self.segment_tokens, ranked=True)
 
     # ------------------------------------------------------------------ core
-    def states(self, documents: Sequence[Document | str]) -> list[NuggetState]:
-        """The NuggetState of each document: from the store when cached, else computed and stored."""
-        return [found.state for found in self.lookup(documents)]
+    def states(self, documents: Sequence[Document | str], ratios: float | Sequence[float] | None = None,
+               adapter: str | None = ENCODER) -> list[NuggetState]:
+        """The NuggetState of each document read at its ratio (default `ratio`): from the store when cached, else
+        computed and stored."""
+        return [found.state for found in self.lookup(documents, ratios, adapter)]
 
-    def lookup(self, documents: Sequence[Document | str]) -> list[Compressed]:
-        """Each document's key, state and whether the state was cached (else it is computed and stored now)."""
+    def lookup(self, documents: Sequence[Document | str], ratios: float | Sequence[float] | None = None,
+               adapter: str | None = ENCODER) -> list[Compressed]:
+        """Each document read at its ratio (one for all, or one each; default `ratio`), with the key of the stored
+        state it was read from and whether that state was cached (else it is computed and stored now).
+
+        A stored state serves every ratio at or above its floor. A ratio below `keep_ratio` is compressed at that
+        ratio and stored as well, never read short; states stored in reading order by earlier versions are read at
+        the one ratio they were made at. `adapter` makes the states (None: the frozen model).
+        """
         docs = as_documents(documents)
-        fingerprint = self.fingerprint
         texts = [d.page_content for d in docs]
-        found: dict[str, NuggetState] = {}
-        missing = []
+        wanted = self._ratios(ratios, len(texts))
         batch_fingerprint, ready = _BATCH_STATES.get()
-        ready = ready if batch_fingerprint == fingerprint else {}
-        for text in dict.fromkeys(texts):
-            state = ready.get(text) or self.store.get(text, fingerprint)
-            if state is None:
-                missing.append(text)
+        ready = ready if batch_fingerprint == self.fingerprint else {}
+        found: dict[tuple[str, float], tuple[str, NuggetState, bool]] = {}  # (text, ratio) -> key, stored, cached
+        missing: dict[float, list[str]] = {}  # floor -> texts to compress there
+        for text, ratio in dict.fromkeys(zip(texts, wanted)):
+            hit = self._find(text, ratio, adapter, ready if adapter == ENCODER else {})
+            if hit is None:
+                missing.setdefault(min(self.keep_ratio, ratio), []).append(text)
             else:
-                found[text] = state
-        tokenized = {text: self.model.tokenizer(text, add_special_tokens=False)["input_ids"] for text in missing}
-        missing.sort(key=lambda text: len(tokenized[text]))  # similar lengths share a batch: less padding
-        batches = range(0, len(missing), self.batch_size)
-        for start in tqdm(batches, desc="compressing", unit="batch", disable=not self.show_progress or not missing):
-            chunk = missing[start : start + self.batch_size]
+                found[text, ratio] = (*hit, True)
+        computed = {floor: self._compress(list(dict.fromkeys(group)), floor, adapter)
+                    for floor, group in missing.items()}
+        out = []
+        for text, ratio in zip(texts, wanted):
+            if (text, ratio) not in found:
+                floor = min(self.keep_ratio, ratio)
+                state = computed[floor][text]
+                found[text, ratio] = (self.store.key(text, state.fingerprint), state, False)
+            key, stored, cached = found[text, ratio]
+            out.append(Compressed(key, stored.at_ratio(ratio) if stored.ranked else stored, cached, stored))
+        return out
+
+    def _ratios(self, ratios: float | Sequence[float] | None, count: int) -> list[float]:
+        if ratios is None or isinstance(ratios, (int, float)):
+            ratios = [self.effective_ratio if ratios is None else ratios] * count
+        ratios = list(ratios)
+        if len(ratios) != count:
+            raise ValueError(f"got {len(ratios)} ratios for {count} documents; give one ratio, or one per document")
+        return [NuggetConfig(ratio=r).ratio for r in ratios]
+
+    def _find(self, text: str, ratio: float, adapter: str | None,
+              ready: dict[str, NuggetState]) -> tuple[str, NuggetState] | None:
+        """A cached state that can be read at `ratio`: ranked at the floor, ranked at `ratio` (stored when that
+        ratio was asked below the floor), or in reading order at `ratio` (stored by an earlier version)."""
+        floors = [self.keep_ratio] if self.keep_ratio <= ratio else [ratio]
+        fingerprints = [self.stored_fingerprint(f, adapter) for f in floors]
+        fingerprints.append(self.model.fingerprint(ratio, adapter, segment_tokens=self.segment_tokens))
+        for fingerprint in fingerprints:
+            state = ready.get(text) if fingerprint == self.fingerprint else None
+            state = state or self.store.get(text, fingerprint)
+            if state is not None:
+                return self.store.key(text, fingerprint), state
+        return None
+
+    def _compress(self, texts: list[str], floor: float, adapter: str | None) -> dict[str, NuggetState]:
+        """Compress `texts` into ranked states with `floor`, store them and return them by text."""
+        tokenized = {text: self.model.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts}
+        texts = sorted(texts, key=lambda text: len(tokenized[text]))  # similar lengths share a batch: less padding
+        out = {}
+        batches = range(0, len(texts), self.batch_size)
+        for start in tqdm(batches, desc="compressing", unit="batch", disable=not self.show_progress or not texts):
+            chunk = texts[start : start + self.batch_size]
             with torch.inference_mode():
-                states = self.model.compress(
-                    [tokenized[t] for t in chunk], ratio=self.effective_ratio, segment_tokens=self.segment_tokens
-                )
+                states = self.model.compress([tokenized[t] for t in chunk], ratio=floor, adapter=adapter,
+                                             segment_tokens=self.segment_tokens, ranked=True)
             for text, state in zip(chunk, states):
-                found[text] = state.compact(self.kv_format)  # as it will be read back from the store
-                self.store.put(text, found[text])
-        computed = set(missing)
-        return [Compressed(self.store.key(t, fingerprint), found[t], t not in computed) for t in texts]
+                out[text] = state.compact(self.kv_format)  # as it will be read back from the store
+                self.store.put(text, out[text])
+        return out
 
     def compress(self, documents: Sequence[Document]) -> list[Document]:
         """New Documents whose metadata names their stored nuggets; the inputs are left untouched."""
@@ -164,10 +229,13 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
                 kept.append(doc)
             else:
                 log.warning("document %d (id=%r) is empty or whitespace; it has no nuggets and is dropped", i, doc.id)
+        if self.text_states and kept:
+            self.lookup(kept, 1.0, adapter=None)
         out = []
-        for doc, (key, state, _) in zip(kept, self.lookup(kept)):
+        for doc, (key, state, _, stored) in zip(kept, self.lookup(kept)):
             meta = {k: v for k, v in doc.metadata.items() if k != METADATA_KEY}
-            meta[METADATA_KEY] = {"key": key, "n_tokens": state.n, "n_nuggets": state.k, "ratio": self.effective_ratio}
+            meta[METADATA_KEY] = {"key": key, "n_tokens": state.n, "n_nuggets": state.k, "ratio": self.effective_ratio,
+                                  "floor": stored.floor}
             out.append(Document(page_content=doc.page_content, metadata=meta, id=doc.id))
         return out
 
@@ -194,7 +262,9 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
                 if not return_exceptions:
                     raise
         texts = [d.page_content for d in docs if d.page_content.strip()]
-        token = _BATCH_STATES.set((self.fingerprint, dict(zip(texts, self.states(texts)))))
+        stored = {text: found.stored for text, found in zip(texts, self.lookup(texts))
+                  if found.stored.fingerprint == self.fingerprint}
+        token = _BATCH_STATES.set((self.fingerprint, stored))
         try:
             return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         finally:

@@ -120,7 +120,8 @@ def _need(record: dict, fields: tuple[str, ...], where: str) -> None:
 
 # ------------------------------------------------------------------ readers
 def read_squad(path: str | Path, split: Split | None = None) -> list[dict]:
-    """SQuAD v1.1 JSON (data[].paragraphs[].qas[]); the split unit is the article."""
+    """SQuAD v1.1 JSON (data[].paragraphs[].qas[]); the split unit is the article. Each record names its article and
+    paragraph (indices in the file)."""
     path = _open(path)
     try:
         articles = json.loads(path.read_text(encoding="utf-8"))["data"]
@@ -134,6 +135,8 @@ def read_squad(path: str | Path, split: Split | None = None) -> list[dict]:
                 _need(qa, ("question", "answers"), f"{path} article {a} paragraph {p} question")
                 records.append({
                     "id": str(qa.get("id", f"{a}-{p}-{len(records)}")),
+                    "article": a,
+                    "paragraph": p,
                     "context": paragraph["context"],
                     "question": qa["question"],
                     "answers": [ans["text"] for ans in qa["answers"]],
@@ -177,7 +180,8 @@ def _wikitext_articles(text: str) -> list[str]:
 
 
 def read_hotpotqa(path: str | Path, split: Split | None = None) -> list[dict]:
-    """HotpotQA JSON (distractor setting): each question with its paragraphs, one document per paragraph."""
+    """HotpotQA JSON (distractor setting): each question with its paragraphs, one document per paragraph, and
+    `gold`: the indices of those holding its supporting facts."""
     path = _open(path)
     try:
         units = json.loads(path.read_text(encoding="utf-8"))
@@ -187,6 +191,8 @@ def read_hotpotqa(path: str | Path, split: Split | None = None) -> list[dict]:
     for i, rec in _select(units, path, split):
         _need(rec, ("question", "answer", "context"), f"{path} record {i}")
         documents = [f"{title}: {''.join(sentences)}" for title, sentences in rec["context"]]
+        supporting = {fact[0] for fact in rec.get("supporting_facts", [])}
         records.append({"id": str(rec.get("_id", i)), "question": rec["question"], "answers": [rec["answer"]],
-                        "documents": documents})
+                        "documents": documents,
+                        "gold": [j for j, (title, _) in enumerate(rec["context"]) if title in supporting]})
     return records

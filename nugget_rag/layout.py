@@ -122,6 +122,8 @@ def join_segments(parts: Sequence[tuple[int, NuggetState]], inv_freq: torch.Tens
         tokens=[t for _, s in parts for t in s.tokens],
         n=sum(s.n for _, s in parts),
         fingerprint=parts[0][1].fingerprint,
+        floor=parts[0][1].floor,
+        segments=tuple(n for _, s in parts for n in s.segments) if parts[0][1].ranked else None,
     )
 
 

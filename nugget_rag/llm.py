@@ -15,10 +15,12 @@ from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .batching import BatchedGenerator
-from .compressor import NuggetCompressor, as_documents
+from .compressor import Compressed, NuggetCompressor, as_documents
+from .config import DECODER
 from .generation import GenerationSettings, stream_generate
 from .model import NuggetModel
 from .prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction, takes_question
+from .resolution import DocumentReading, ResolutionPolicy
 
 DOCUMENTS_KEY = "documents"
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "chat": "user"}
@@ -108,6 +110,9 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
     system_prompt: str | None = None
     batcher: BatchedGenerator | None = Field(
         None, description="Decode in batches shared with concurrent calls (one BatchedGenerator for all of them).")
+    resolution: ResolutionPolicy | None = Field(
+        None, description="Chooses each document's ratio per question (resolution.py); None reads every document "
+        "at the compressor's ratio.")
 
     @field_validator("prompt_template")
     @classmethod
@@ -174,6 +179,28 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
             return self.compressor.model.chat_prompt(chat)
         return [], chat_token_ids(self.compressor.model.tokenizer, chat)
 
+    # ------------------------------------------------------------------ resolution
+    def _plan(self, messages: Sequence[BaseMessage], docs: Sequence[Document]) -> list[DocumentReading] | None:
+        """Each document's reading chosen by `resolution` for the last user message's question (None: no policy)."""
+        if self.resolution is None or not docs:
+            return None
+        chat = chat_dicts(messages, None)
+        question = next((m["content"] for m in reversed(chat) if m["role"] == "user"), "")
+        return self.resolution.plan(question, [d.page_content for d in docs], self.compressor)
+
+    def _read(self, docs: Sequence[Document], readings: Sequence[DocumentReading] | None) -> list[Compressed]:
+        """The documents' states: at the compressor's ratio, or each at its reading's ratio from its adapter's
+        stored state."""
+        if readings is None:
+            return self.compressor.lookup(docs)
+        found: list[Compressed | None] = [None] * len(docs)
+        for adapter in dict.fromkeys(r.adapter for r in readings):
+            picked = [i for i, r in enumerate(readings) if r.adapter == adapter]
+            looked = self.compressor.lookup([docs[i] for i in picked], [readings[i].ratio for i in picked], adapter)
+            for i, hit in zip(picked, looked):
+                found[i] = hit
+        return found
+
     # ------------------------------------------------------------------ generation
     def _stream(
         self,
@@ -187,16 +214,21 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
         if model_name != self.compressor.model.base_name:
             raise ValueError(f"this NuggetLLM serves {self.compressor.model.base_name!r}, not model={model_name!r}")
         given = self._documents(messages, documents)
+        prefix, prompt = self._prompt_ids(messages, with_documents=bool(given))
+        readings = self._plan(messages, [d for _, d in given])
+        planned = [i for i, _ in given]
+        if readings is not None:
+            given = [g for g, r in zip(given, readings) if r.ratio is not None]
         docs = [d for _, d in given]
-        found = self.compressor.lookup(docs)
+        found = self._read(docs, [r for r in readings if r.ratio is not None] if readings else None)
+        adapter = self.resolution.decoder_adapter(readings) if readings else DECODER
         states = [f.state for f in found]
-        prefix, prompt = self._prompt_ids(messages, with_documents=bool(docs))
         settings = self.generation_settings(stop, kwargs)
         if self.batcher is not None:
-            steps = self.batcher.stream(states, prompt, settings, prefix=prefix)
+            steps = self.batcher.stream(states, prompt, settings, prefix=prefix, adapter=adapter)
         else:
             steps = (pieces[0] for pieces in stream_generate(self.compressor.model, [states], [prompt], settings,
-                                                               prefixes=[prefix]))
+                                                               adapter=adapter, prefixes=[prefix]))
         generated = 0  # one token per step of the stream
         for piece in steps:
             generated += 1
@@ -222,6 +254,8 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
                     "sources": sources, "n_documents": len(docs), "n_document_tokens": n_document_tokens,
                     "n_nuggets": n_nuggets, "compression_ratio": n_document_tokens / n_nuggets if n_nuggets else None,
                     "model_name": self.compressor.model.base_name,
+                    **({"resolution": [{"index": i, **r.as_metadata()} for i, r in zip(planned, readings)],
+                        "resolution_policy": type(self.resolution).__name__} if readings else {}),
                 },
                 usage_metadata=usage,
                 chunk_position="last",

@@ -30,7 +30,7 @@ from .config import DECODER, ENCODER, MergedFormat, NuggetConfig
 from .int8 import Int8Linear, check_int8_support
 from .layout import NuggetLayout
 from .prefix_cache import PrefixCache
-from .scorer import Scorer, select_nuggets
+from .scorer import Scorer, rank_nuggets, select_nuggets
 from .state import NuggetState
 
 PREFIX_CACHE_SIZE = 8  # prompt openings kept between queries (one per system prompt in use, typically)
@@ -193,9 +193,9 @@ class NuggetModel(nn.Module):
 
     # ------------------------------------------------------------------ identity
     def fingerprint(self, ratio: float | None = None, adapter: str | None = ENCODER,
-                    segment_tokens: int | None = None) -> str:
+                    segment_tokens: int | None = None, ranked: bool = False) -> str:
         """Digest of everything that shapes a NuggetState: base model, the compressing adapter (weights and LoRA
-        settings), Scorer, r, segment length, dtype."""
+        settings), Scorer, r (a ranked state's floor), segment length, dtype."""
         ratio = self.config.ratio if ratio is None else ratio
         segment_tokens = self.segment_length(segment_tokens)
         named = self.named_adapter_parameters(adapter) if adapter else []
@@ -210,6 +210,7 @@ class NuggetModel(nn.Module):
                     self.config.lora.model_dump(mode="json") if adapter else None, cached[1]]
         identity += [self.document_opening] if self.document_opening else []
         identity += ["int8"] if adapter in self.merged_adapters and self.merged_format == "int8" else []
+        identity += ["ranked"] if ranked else []
         return self.state_tag(hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32])
 
     @property
@@ -243,18 +244,22 @@ class NuggetModel(nn.Module):
         ratio: float | None = None,
         adapter: str | None = ENCODER,
         segment_tokens: int | None = None,
+        ranked: bool = False,
     ) -> list[NuggetState]:
         """Encode each document (a list of token ids) into its nuggets, in one right-padded batch.
 
         A document longer than `segment_tokens` (default: the model's positions less the document opening) is cut
         into segments that are compressed independently and joined into one state (each keeps its own last token).
+        `ranked`: states in resolution order with floor `ratio`, readable at any coarser ratio (NuggetState.at_ratio);
+        else in reading order.
         """
         ratio = self.config.ratio if ratio is None else NuggetConfig(ratio=ratio).ratio
         segment_tokens = self.segment_length(segment_tokens)
         if not token_ids or min(len(t) for t in token_ids) == 0:
             raise ValueError("every document must have at least one token")
         pieces, owners = positions.split_segments(token_ids, segment_tokens)
-        states = self._compress_segments(pieces, ratio, adapter, self.fingerprint(ratio, adapter, segment_tokens))
+        fingerprint = self.fingerprint(ratio, adapter, segment_tokens, ranked)
+        states = self._compress_segments(pieces, ratio, adapter, fingerprint, ranked)
         joined: list[list[tuple[int, NuggetState]]] = [[] for _ in token_ids]
         for (doc, start), state in zip(owners, states):
             joined[doc].append((start, state))
@@ -274,11 +279,11 @@ class NuggetModel(nn.Module):
         return positions.to_document_positions(keys, opening, self.inv_freq)
 
     def _compress_segments(self, token_ids: list[list[int]], ratio: float, adapter: str | None,
-                           fingerprint: str) -> list[NuggetState]:
+                           fingerprint: str, ranked: bool) -> list[NuggetState]:
         lengths = [len(t) for t in token_ids]
         input_ids, opening = self.encoder_input(token_ids)
         scores = self.score(input_ids)[:, opening:]
-        chosen = select_nuggets(scores, lengths, ratio)
+        chosen = (rank_nuggets if ranked else select_nuggets)(scores, lengths, ratio)
         width = max(len(c) for c in chosen)
         padded = torch.stack([F.pad(c, (0, width - len(c)), value=int(c[-1])) for c in chosen])
         capture = CaptureNuggets(padded + opening)
@@ -290,7 +295,7 @@ class NuggetModel(nn.Module):
             k = len(chosen_b)
             tokens = self.tokenizer.convert_ids_to_tokens([token_ids[b][i] for i in chosen_b.tolist()])
             states.append(NuggetState(keys[:, b, :, :k], values[:, b, :, :k], chosen_b, scores[b, chosen_b],
-                                      tokens, n, fingerprint))
+                                      tokens, n, fingerprint, floor=ratio if ranked else None))
         return states
 
     # ------------------------------------------------------------------ decoder side

@@ -20,16 +20,21 @@ class Scorer(nn.Module):
         return self.net(hidden_states).squeeze(-1)
 
 
+def rank_nuggets(scores: torch.Tensor, lengths: list[int], ratio: float) -> list[torch.Tensor]:
+    """For each row the k = ceil(n / r) positions to keep, in resolution order: the last token first, then the rest
+    by descending score (ties in position order). Any prefix of k' = ceil(n / r') entries is exactly the selection
+    at the coarser ratio r' >= r, so one ranked state serves every coarser ratio (NuggetState.at_ratio)."""
+    ranked = []
+    for row, n in zip(scores.detach(), lengths):
+        k = nugget_count(n, ratio)
+        order = row[: n - 1].float().sort(descending=True, stable=True).indices[: k - 1]
+        ranked.append(torch.cat([torch.tensor([n - 1], device=row.device), order]))
+    return ranked
+
+
 def select_nuggets(scores: torch.Tensor, lengths: list[int], ratio: float) -> list[torch.Tensor]:
     """For each row keep k = ceil(n / r) positions: the last token always, the rest by top score.
 
     Returns one ascending LongTensor of positions per row (the original order is kept).
     """
-    chosen = []
-    for row, n in zip(scores.detach(), lengths):
-        k = nugget_count(n, ratio)
-        candidates = row[: n - 1]
-        top = candidates.topk(k - 1).indices if k > 1 else candidates.new_empty(0, dtype=torch.long)
-        last = torch.tensor([n - 1], device=row.device)
-        chosen.append(torch.cat([top, last]).sort().values)
-    return chosen
+    return [ranked.sort().values for ranked in rank_nuggets(scores, lengths, ratio)]

@@ -12,8 +12,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-FORMAT = "nugget-rag/state-v2"
-READABLE_FORMATS = ("nugget-rag/state-v1", FORMAT)  # v1: float32 keys and values, no kv_format
+from .config import nugget_count
+
+FORMAT = "nugget-rag/state-v3"
+# v1: float32 keys and values, no kv_format; v2: no floor (every state in reading order)
+READABLE_FORMATS = ("nugget-rag/state-v1", "nugget-rag/state-v2", FORMAT)
 KVFormat = Literal["float32", "bfloat16", "float16", "int8", "int4"]
 KV_FORMATS: tuple[str, ...] = get_args(KVFormat)
 _FLOAT_FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,7 +32,10 @@ class NuggetState:
     """A document's nuggets: every layer's key/value states at the selected token positions.
 
     keys, values: [layers, kv_heads, k, head_dim]; the keys carry the rotary phase of `positions`.
-    positions: [k] ascending token indices into the document; tokens: their token strings.
+    positions: [k] token indices into the document; tokens: their token strings. In reading order (what the
+    decoder reads) they ascend; a ranked state (`floor` set) keeps them in resolution order instead, segment by
+    segment (`segments`: the lengths of the segments compressed apart), so that reading it at any ratio r >= floor
+    takes a prefix of each segment (`at_ratio`).
     scores: [k] the Scorer's scores at those positions (they carry the gradient while training).
     n: the document's length in tokens; fingerprint: what produced the state ("<base model digest>:<digest of
     adapter, Scorer, r, ...>", `NuggetModel.fingerprint`); a decoder reads only states of its own base model.
@@ -46,6 +52,17 @@ class NuggetState:
     n: int
     fingerprint: str
     kv_format: str | None = None
+    floor: float | None = None
+    segments: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.floor is not None and self.segments is None:
+            self.segments = (self.n,)
+
+    @property
+    def ranked(self) -> bool:
+        """Whether the state holds its nuggets in resolution order, readable at any ratio >= floor."""
+        return self.floor is not None
 
     @property
     def k(self) -> int:
@@ -54,6 +71,43 @@ class NuggetState:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.positions, self.scores))
+
+    def count_at(self, ratio: float) -> int:
+        """Nuggets read at `ratio` (ceil(n_s / r) per segment); a ValueError below the floor."""
+        self._check_readable(ratio)
+        return sum(nugget_count(length, ratio) for length in self.segments)
+
+    def at_ratio(self, ratio: float) -> NuggetState:
+        """The state read at ratio r >= floor, in reading order: the same positions, keys and values as the document
+        compressed at r (floating-point formats; int8/int4 keys share scales over the stored nuggets)."""
+        index = self._prefix(ratio)
+        return self._take(index[self.positions[index].argsort()], floor=None, segments=None)
+
+    def with_floor(self, floor: float) -> NuggetState:
+        """The ranked state cut to a coarser floor: what a store with keep_ratio = floor holds of the document."""
+        return self._take(self._prefix(floor), floor=floor, segments=self.segments)
+
+    def _prefix(self, ratio: float) -> torch.Tensor:
+        """Indices of the nuggets of `ratio`: each segment's first ceil(n_s / r) entries."""
+        self._check_readable(ratio)
+        parts, start = [], 0
+        for length in self.segments:
+            parts.append(torch.arange(start, start + nugget_count(length, ratio), device=self.positions.device))
+            start += nugget_count(length, self.floor)
+        return torch.cat(parts)
+
+    def _take(self, index: torch.Tensor, **fields) -> NuggetState:
+        return replace(self, keys=self.keys[:, :, index], values=self.values[:, :, index],
+                       positions=self.positions[index], scores=self.scores[index],
+                       tokens=[self.tokens[i] for i in index.tolist()], **fields)
+
+    def _check_readable(self, ratio: float) -> None:
+        if self.floor is None:
+            raise ValueError("this state is in reading order, made at one ratio; only a ranked state (floor set) "
+                             "can be read at another")
+        if ratio < self.floor:
+            raise ValueError(f"ratio {ratio} is finer than this state's floor {self.floor}: it keeps only the "
+                             f"nuggets of ratios >= {self.floor}; compress the document again at {ratio}")
 
     def detach(self) -> NuggetState:
         return replace(self, keys=self.keys.detach(), values=self.values.detach(), scores=self.scores.detach())
@@ -96,6 +150,8 @@ class NuggetState:
         kv_format = self.kv_format if self.kv_format in _INT_BITS else str(keys.dtype).removeprefix("torch.")
         meta = {"format": FORMAT, "kv_format": kv_format, "n": str(self.n), "fingerprint": self.fingerprint,
                 "tokens": json.dumps(self.tokens)}
+        if self.ranked:
+            meta |= {"floor": repr(float(self.floor)), "segments": json.dumps(list(self.segments))}
         meta["digest"] = _digest(tensors, meta)
         return save_tensors(tensors, metadata=meta)
 
@@ -118,8 +174,10 @@ class NuggetState:
             if kv_format in _INT_BITS:
                 keys, values = _dequantize(keys, tensors["key_scales"]), _dequantize(values, tensors["value_scales"])
             tokens = json.loads(meta["tokens"])
+            floor = float(meta["floor"]) if "floor" in meta else None
+            segments = tuple(int(s) for s in json.loads(meta["segments"])) if floor is not None else None
             state = cls(keys, values, tensors["positions"], tensors["scores"], tokens, int(meta["n"]),
-                        meta["fingerprint"], kv_format)
+                        meta["fingerprint"], kv_format, floor, segments)
             _check_shapes(state)
         except CorruptStateError:
             raise
@@ -161,6 +219,11 @@ def _check_shapes(state: NuggetState) -> None:
                                 f"[layers, kv_heads, {k}, head_dim]")
     if state.scores.shape != (k,):
         raise CorruptStateError("scores are not one value per nugget")
+    if state.ranked:
+        if not (state.floor >= 1 and sum(state.segments) == state.n and all(s >= 1 for s in state.segments)):
+            raise CorruptStateError(f"floor {state.floor} or segments {state.segments} do not fit n = {state.n}")
+        if sum(nugget_count(s, state.floor) for s in state.segments) != k:
+            raise CorruptStateError(f"{k} nuggets are not those of floor {state.floor} over segments {state.segments}")
 
 
 def _digest(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:

@@ -101,7 +101,7 @@ def test_ingest_splits_indexes_and_compresses_every_chunk(compressor):
         assert compressor.store.byte_store.mget([meta["key"]])[0] is not None  # on disk, not only in memory
         state = compressor.store.get_by_key(meta["key"])
         assert state.n == meta["n_tokens"] == len(tokenizer.tokenize(chunk.page_content))
-        assert state.k == meta["n_nuggets"] == math.ceil(state.n / 4)
+        assert state.at_ratio(4).k == meta["n_nuggets"] == math.ceil(state.n / 4) and state.floor == meta["floor"] == 1
     texts = {d.metadata["source"]: d.page_content for d in DOCS}
     for chunk in index.documents:
         start = chunk.metadata["start_index"]
@@ -125,7 +125,7 @@ def test_save_load_round_trip_reads_nuggets_from_disk(index, tiny_model, tmp_pat
     files = {part: f["name"] for part, f in manifest["files"].items()}
     assert sorted(p.name for p in target.iterdir()) == sorted([*files.values(), "index.json", "nuggets"])
     assert manifest["embedding_model"] == "hash-words-64" and manifest["count"] == len(index)
-    assert manifest["nugget_fingerprint"] == tiny_model.fingerprint(4.0)
+    assert manifest["nugget_fingerprint"] == tiny_model.fingerprint(1.0, ranked=True)
 
     fresh = NuggetCompressor(model=tiny_model)  # memory-only store: load() points it at target/nuggets
     loaded = NuggetIndex.load(target, compressor=fresh, embeddings=HashEmbeddings())

@@ -67,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="LM tokens: compressed history, explicit context, scored target (default 640 64 64)")
     parser.add_argument("--long-articles", type=int, metavar="N",
                         help="long_cnndm: CNN/DM articles joined into one document (default 12)")
+    parser.add_argument("--rag-passages", type=int, metavar="K",
+                        help="squad_rag: passages per question, the gold one among retrieved ones (default 4)")
     parser.add_argument("--speed-docs", type=int, nargs="+", metavar="N", help="documents per question (default 1 4 16)")
     parser.add_argument("--speed-repeats", type=int, help="timed repeats (default 3)")
     parser.add_argument("--optimal", action="store_true", help="also run the Scorer's greedy-optimal study (App. A)")
@@ -103,6 +105,8 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
         values["ae_lengths"] = args.ae_lengths
     if args.long_articles:
         values["long_articles"] = args.long_articles
+    if args.rag_passages:
+        values["rag_passages"] = args.rag_passages
     if args.lm_window:
         values["lm"] = dict(zip(("history", "context", "target"), args.lm_window))
     speed = {}

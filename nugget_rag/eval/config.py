@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..config import MergedFormat
 
-TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa", "long_cnndm")
+TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa", "long_cnndm", "squad_rag", "hotpotqa_rag")
 DEFAULT_FILES = {
     "autoencoding": "python-3.11-docs.jsonl",
     "squad": "squad-dev-v1.1.json",
@@ -18,6 +18,8 @@ DEFAULT_FILES = {
     "lm": "wikitext-2-raw-test.txt",
     "hotpotqa": "hotpotqa-dev-distractor-53.json",
     "long_cnndm": "cnndm-test-250.jsonl",
+    "squad_rag": "squad-dev-v1.1.json",
+    "hotpotqa_rag": "hotpotqa-dev-distractor-53.json",
     "speed": "python-3.11-docs.jsonl",
 }
 def all_systems() -> list[str]:
@@ -77,6 +79,8 @@ class EvalConfig(BaseModel):
     batch_size: int = Field(4, ge=1)
     qa_max_new_tokens: int = Field(64, ge=1, description="Paper App. E: at most 64 new tokens.")
     summary_max_new_tokens: int = Field(128, ge=1)
+    rag_passages: int = Field(4, ge=1, description="squad_rag: passages per question, the gold one and the "
+                              "same-article paragraphs all-MiniLM-L6-v2 ranks closest to the question.")
     long_articles: int = Field(12, ge=2, description="long_cnndm: consecutive articles joined into one document "
                                                      "(12 make about 9,000 tokens, more than the default model's 8,192 positions).")
     ae_lengths: list[int] = Field(default_factory=lambda: [100, 200, 300, 400, 500],

@@ -8,6 +8,8 @@
 | lm            | lm            | wikitext-2-raw-test.txt (any texts)  | perplexity of the last tokens (Table 1)     |
 | hotpotqa      | qa            | hotpotqa-dev-distractor-53.json      | accuracy, 10 paragraphs compressed apart   |
 | long_cnndm    | summarization | cnndm-test-250.jsonl                 | ROUGE, `long_articles` articles joined     |
+| squad_rag     | qa            | squad-dev-v1.1.json                  | accuracy; gold + k-1 retrieved paragraphs  |
+| hotpotqa_rag  | qa            | hotpotqa-dev-distractor-53.json      | accuracy; 10 paragraphs in retriever order |
 
 An example that cannot be evaluated (no gold answer, an empty document, a Full prompt longer than the model's
 positions, a text shorter than the LM window) is counted by reason and reported, never dropped silently. Every
@@ -28,14 +30,15 @@ from ..corpora import DataError, read_documents, read_hotpotqa, read_squad, read
 from ..metrics import answer_correct, bleu, rouge
 from ..prompts import QA_PROMPT, SUMMARY_PROMPT, chat_token_ids, full_context_messages
 from .config import EvalConfig
+from .rag import retrieved
 from .systems.base import Query
 
 AUTOENCODE_PROMPT = "Please repeat the above document word for word."
 LONG_SUMMARY_PROMPT = "Please summarize the above document in a few sentences."
 KINDS = {"autoencoding": "autoencoding", "squad": "qa", "cnndm": "summarization", "lm": "lm", "hotpotqa": "qa",
-         "long_cnndm": "summarization"}
+         "long_cnndm": "summarization", "squad_rag": "qa", "hotpotqa_rag": "qa"}
 MAIN_METRIC = {"autoencoding": "bleu", "squad": "accuracy", "cnndm": "rougeL", "lm": "perplexity", "hotpotqa": "accuracy",
-               "long_cnndm": "rougeL"}
+               "long_cnndm": "rougeL", "squad_rag": "accuracy", "hotpotqa_rag": "accuracy"}
 HIGHER_IS_BETTER = {"bleu": True, "accuracy": True, "rougeL": True, "perplexity": False}
 
 
@@ -119,9 +122,12 @@ def load_task(name: str, cfg: EvalConfig, model) -> TaskData:
     tok = model.tokenizer
     limit = cfg.limit_for(name)
     col = _Collector(model, limit, fit_full=name != "long_cnndm")
-    if name in ("squad", "hotpotqa"):
-        records = read_squad(path, split) if name == "squad" else read_hotpotqa(path, split)
-        for rec in _sampled(records, cfg):
+    if name in ("squad", "hotpotqa", "squad_rag", "hotpotqa_rag"):
+        records = read_squad(path, split) if name.startswith("squad") else read_hotpotqa(path, split)
+        records = _sampled(records, cfg)
+        if name.endswith("_rag"):
+            records = retrieved(records, cfg.rag_passages if name == "squad_rag" else None)
+        for rec in records:
             if col.full:
                 break
             answers = [a for a in rec["answers"] if str(a).strip()]
@@ -130,7 +136,7 @@ def load_task(name: str, cfg: EvalConfig, model) -> TaskData:
                 continue
             docs = [rec["context"]] if name == "squad" else list(rec["documents"])
             query = Query("qa", docs, [_ids(tok, d) for d in docs], QA_PROMPT.format(question=rec["question"]),
-                          max_new_tokens=cfg.qa_max_new_tokens)
+                          max_new_tokens=cfg.qa_max_new_tokens, question=rec["question"], gold=rec.get("gold", []))
             col.offer(Example(rec["id"], query, answers))
     elif name == "cnndm":
         for rec in _sampled(read_summarization(path, split), cfg):

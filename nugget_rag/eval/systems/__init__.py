@@ -5,7 +5,7 @@ Importing a module registers its systems; this order is the order of the harness
 # isort: skip_file
 
 from . import full, truncation, streaming_llm, compressive, observed_attention, kvzip, snapkv, llmlingua_style, lmsumm  # noqa: F401
-from . import nugget, autoregressive  # noqa: F401
+from . import nugget, autoregressive, resolution  # noqa: F401
 from . import peers  # noqa: F401
 from .base import SYSTEMS, Env, Query, Reading, Skipped, System, get_system, prompt_ids, register
 

@@ -39,7 +39,8 @@ class Query:
     token ids (the model's tokenizer, no special tokens). instruction: the rendered task instruction (QA prompt
     with the question, summary prompt, repeat prompt); empty for language modelling. context_ids / target_ids
     (language modelling only): the uncompressed recent tokens after the history, and the tokens scored.
-    max_new_tokens: the generation budget of the task (greedy).
+    max_new_tokens: the generation budget of the task (greedy). question: the question alone (QA). gold: which
+    documents hold the answer, where the task knows (RAG tasks; the oracle's choice).
     """
 
     kind: str
@@ -49,6 +50,8 @@ class Query:
     context_ids: list[int] = field(default_factory=list)
     target_ids: list[int] = field(default_factory=list)
     max_new_tokens: int = 64
+    question: str = ""
+    gold: list[int] = field(default_factory=list)
 
 
 @dataclass

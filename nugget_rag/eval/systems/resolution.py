@@ -1,0 +1,96 @@
+"""Per-document resolution for RAG tasks: the retriever's first passage alone, and each resolution policy.
+
+`<policy>_select` reads the passage the policy ranks first whole and drops the rest; `<policy>_adaptive` reads it
+whole and skims the others at the run's ratio; both within the policy's budget (0.35 of the passages' tokens).
+`oracle_*` choose the gold passage (the task knows it): a reference, not a system.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from ...compressor import NuggetCompressor
+from ...resolution import POLICIES, ResolutionPolicy
+from .base import Env, Reading, Skipped, System, register
+
+QA = frozenset({"qa"})
+
+
+@register("top1_text")
+class TopPassageText(System):
+    label = "k = 1 text (the first passage alone)"
+    uses_ratio = False
+    kinds = QA
+    in_default = False
+    description = "The frozen model reading the retriever's first passage in the prompt, the others left out."
+
+    def prepare(self, env: Env, queries, ratio):
+        return [Reading(texts=list(q.documents[:1]), text_ids=list(q.document_ids[:1])) for q in queries]
+
+
+class GoldChoice(ResolutionPolicy):
+    """The passages that hold the answer first (the task's gold): the oracle's choice."""
+
+    label: ClassVar[str] = "gold"
+    gold: list[int] = Field(default_factory=list)
+
+    def relevance(self, question, texts, compressor):
+        return [1.0 if i in self.gold else 0.0 for i in range(len(texts))]
+
+
+class PolicyReading(System):
+    """Documents read as a resolution policy plans them, from a compressor on the run's model (memory store)."""
+
+    kinds = QA
+    in_default = False
+    policy: ClassVar[type[ResolutionPolicy]]
+    skim: ClassVar[bool]
+    whole_reading: ClassVar[str] = "text"
+
+    def prepare(self, env: Env, queries, ratio):
+        compressor = env.cache.get("resolution_compressor")
+        if compressor is None:
+            compressor = env.cache["resolution_compressor"] = NuggetCompressor(model=env.model)
+        policy = self.policy(skim_ratio=ratio if self.skim else None, whole_reading=self.whole_reading)
+        out: list[Reading | Skipped] = []
+        for q in queries:
+            if any(len(ids) == 0 for ids in q.document_ids):
+                out.append(Skipped("empty document"))
+                continue
+            planner = policy.model_copy(update={"gold": q.gold}) if isinstance(policy, GoldChoice) else policy
+            readings = planner.plan(q.question, q.documents, compressor)
+            states = [compressor.states([text], r.ratio, r.adapter)[0]
+                      for text, r in zip(q.documents, readings) if r.ratio is not None]
+            info = {"gold_read_whole": int(any(readings[g].ratio == 1 for g in q.gold)),
+                    "gold_dropped": int(any(readings[g].ratio is None for g in q.gold))} if q.gold else {}
+            out.append(Reading(states=states, adapter=planner.decoder_adapter(readings), info=info))
+        return out
+
+
+_DESCRIPTIONS = {
+    "rank": "the retriever's first passage", "lexical": "the passage BM25 ranks first",
+    "likelihood": "the passage under which the question is most likely (the decoder reading each one's nuggets at r=4)",
+    "oracle": "the gold passage",
+}
+for _name, _policy in [*POLICIES.items(), ("oracle", GoldChoice)]:
+    if _name == "uniform":
+        continue
+    for _skim in (False, True):
+        _suffix = "adaptive" if _skim else "select"
+        register(f"{_name}_{_suffix}")(type(f"{_policy.__name__}{_suffix.title()}", (PolicyReading,), {
+            "policy": _policy, "skim": _skim, "uses_ratio": _skim,
+            "label": f"{_name}: first passage whole" + (", the rest at r" if _skim else ", the rest dropped"),
+            "description": f"Reads {_DESCRIPTIONS[_name]} whole as text"
+                           + (", the others as nuggets at r." if _skim else " and drops the others."),
+        }))
+
+
+@register("oracle_adaptive_nuggets")
+class GoldNuggetsAdaptive(PolicyReading):
+    label = "oracle: gold passage as nuggets at r = 1, the rest at r"
+    description = "The gold passage as the encoder's nuggets at r = 1 (not as text), the others at r."
+    policy = GoldChoice
+    skim = True
+    whole_reading = "nuggets"

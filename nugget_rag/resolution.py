@@ -1,0 +1,211 @@
+"""Per-document resolution: how finely each retrieved document is read for one question.
+
+A stored state serves any ratio at or above its floor (NuggetState.at_ratio), so a chain can read the evidence
+whole, skim the rest, or drop it, per question. A `ResolutionPolicy` ranks the documents by relevance and spends a
+budget of positions: its top `expand` documents are read whole (r = 1; at the finest ratio the budget allows),
+the rest at `skim_ratio`, or dropped when that is None. Each policy is one small class that only scores relevance:
+
+| policy | relevance |
+|---|---|
+| `RetrieverRank` | the order the documents came in (a retriever's ranking) |
+| `LexicalRerank` | BM25 of the question against the documents (rank-bm25) |
+| `QueryLikelihood` | log P(question | the document's nuggets at r = 4), read from the store by the decoder |
+| `UniformResolution` | none: every document at one ratio (what a chain without a policy does) |
+
+A document read whole is read "as text" by default: its key/values as the frozen model computes them, which for a
+single document and no skimmed ones is exactly the model reading it in the prompt (`whole_reading="text"`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .config import DECODER, ENCODER, NuggetConfig, nugget_count
+
+if TYPE_CHECKING:
+    from .compressor import NuggetCompressor
+
+PROBE_INSTRUCTION = "Please write a question about the passage above."
+
+
+class DocumentReading(NamedTuple):
+    """How one document is read: at `ratio` (None: dropped), with the state of `adapter`, and why."""
+
+    ratio: float | None
+    adapter: str | None
+    positions: int
+    relevance: float | None
+    reason: str
+
+    def as_metadata(self) -> dict:
+        return {"ratio": self.ratio, "positions": self.positions, "relevance": self.relevance,
+                "reason": self.reason, "read_as": None if self.ratio is None else
+                "text" if self.adapter is None else "nuggets"}
+
+
+class ResolutionPolicy(BaseModel):
+    """Chooses each document's ratio for a question under a budget of positions; subclasses score relevance."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    label: ClassVar[str] = ""
+
+    budget: float = Field(0.35, gt=0, le=1, description="Share of the documents' tokens the answer may read.")
+    max_positions: int | None = Field(None, ge=1, description="A cap in positions on top of the share.")
+    expand: int = Field(1, ge=0, description="Documents read whole (the most relevant first).")
+    skim_ratio: float | None = Field(None, description="Ratio the other documents are read at; None drops them.")
+    whole_reading: Literal["text", "nuggets"] = Field(
+        "text", description="A whole document as the frozen model reads its text, or as the encoder's nuggets at r=1.")
+
+    @field_validator("skim_ratio", mode="before")
+    @classmethod
+    def _check_skim(cls, value: object) -> float | None:
+        return None if value is None else NuggetConfig(ratio=value).ratio
+
+    def relevance(self, question: str, texts: Sequence[str], compressor: NuggetCompressor) -> list[float]:
+        """One score per document, higher for more relevant."""
+        raise NotImplementedError
+
+    def plan(self, question: str, texts: Sequence[str], compressor: NuggetCompressor) -> list[DocumentReading]:
+        """Each document's reading, in the order given. A ValueError if there is nothing to plan for."""
+        if not texts:
+            raise ValueError(f"{type(self).__name__} got no documents to read; retrieve at least one")
+        lengths = [len(compressor.model.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        scores = [float(s) for s in self.relevance(question, texts, compressor)]
+        if len(scores) != len(texts) or not all(math.isfinite(s) for s in scores):
+            raise ValueError(f"{type(self).__name__} gave relevance {scores} for {len(texts)} documents")
+        return self.allocate(scores, lengths)
+
+    def positions_budget(self, lengths: Sequence[int]) -> int:
+        share = max(1, math.floor(self.budget * sum(lengths)))
+        return min(share, self.max_positions) if self.max_positions else share
+
+    def allocate(self, scores: Sequence[float], lengths: Sequence[int]) -> list[DocumentReading]:
+        """Spend the budget: the top `expand` documents whole (or as finely as the budget allows), the rest at
+        `skim_ratio` while the budget holds them (the least relevant are dropped first), or dropped."""
+        budget = self.positions_budget(lengths)
+        order = sorted(range(len(lengths)), key=lambda i: -scores[i])  # stable: ties keep the given order
+        rank = {doc: place for place, doc in enumerate(order)}
+        whole_adapter = None if self.whole_reading == "text" else ENCODER
+        expanded, rest = order[: self.expand], order[self.expand :]
+        skimmed = list(rest) if self.skim_ratio else []
+        cost = {i: nugget_count(lengths[i], self.skim_ratio) for i in skimmed}
+        # The skimmed documents' reserve must leave the expanded ones at least one position each.
+        while skimmed and sum(cost[i] for i in skimmed) + len(expanded) > budget:
+            skimmed.pop()
+        free = budget - sum(cost[i] for i in skimmed)
+        if free < len(expanded):
+            raise ValueError(f"a budget of {budget} positions cannot hold {len(expanded)} expanded documents at one "
+                             f"position each; raise budget (now {self.budget}) or lower expand (now {self.expand})")
+        readings: dict[int, DocumentReading] = {}
+        tag = f"by {self.label}" if self.label else ""
+        for place, i in enumerate(expanded):
+            share = free - (len(expanded) - place - 1)  # leave the later expanded documents one position each
+            ratio = 1.0 if lengths[i] <= share else NuggetConfig(ratio=math.ceil(100 * lengths[i] / share) / 100).ratio
+            k = nugget_count(lengths[i], ratio)
+            free -= k
+            how = "read whole" if ratio == 1 else f"read at r={ratio:g}, the finest the budget of {budget} allows"
+            adapter = whole_adapter if ratio == 1 else ENCODER
+            readings[i] = DocumentReading(ratio, adapter, k, scores[i], f"rank {rank[i] + 1} of {len(order)} {tag}: {how}")
+        for i in skimmed:
+            readings[i] = DocumentReading(self.skim_ratio, ENCODER, cost[i], scores[i],
+                                          f"rank {rank[i] + 1} of {len(order)} {tag}: skimmed at r={self.skim_ratio:g}")
+        for i in order:
+            if i not in readings:
+                why = ("the budget holds no more" if self.skim_ratio else f"only the top {self.expand} are read")
+                readings[i] = DocumentReading(None, None, 0, scores[i],
+                                              f"rank {rank[i] + 1} of {len(order)} {tag}: dropped ({why})")
+        if all(r.ratio is None for r in readings.values()):
+            smallest = min(nugget_count(n, self.skim_ratio or 1.0) for n in lengths)
+            raise ValueError(f"a budget of {budget} positions holds none of the {len(lengths)} documents (the "
+                             f"smallest takes {smallest}); raise budget (now {self.budget}) or expand (now {self.expand})")
+        return [readings[i] for i in range(len(lengths))]
+
+    def decoder_adapter(self, readings: Sequence[DocumentReading]) -> str | None:
+        """The decoder adapter for these readings: none when every document read is read as text (then the
+        answer is the frozen model's reading of those texts), else the trained decoder."""
+        return DECODER if any(r.adapter is not None for r in readings if r.ratio is not None) else None
+
+
+class UniformResolution(ResolutionPolicy):
+    """Every document at `skim_ratio` (default 10): the chain without a policy."""
+
+    label: ClassVar[str] = "given order"
+    budget: float = 1.0
+    expand: int = 0
+    skim_ratio: float | None = 10.0
+
+    def relevance(self, question, texts, compressor):
+        return [-float(i) for i in range(len(texts))]
+
+
+class RetrieverRank(ResolutionPolicy):
+    """The documents' own order: a retriever's ranking, the first the most relevant."""
+
+    label: ClassVar[str] = "retriever rank"
+
+    def relevance(self, question, texts, compressor):
+        return [-float(i) for i in range(len(texts))]
+
+
+class LexicalRerank(ResolutionPolicy):
+    """BM25 (Okapi, rank-bm25) of the question's words against the documents' words, the documents as the corpus."""
+
+    label: ClassVar[str] = "BM25"
+
+    def relevance(self, question, texts, compressor):
+        try:
+            from rank_bm25 import BM25Okapi
+        except ImportError as err:
+            raise ImportError("LexicalRerank needs rank-bm25: pip install 'nugget-rag[retrieval]'") from err
+        words = [_words(t) or [""] for t in texts]
+        return BM25Okapi(words).get_scores(_words(question)).tolist()
+
+
+class QueryLikelihood(ResolutionPolicy):
+    """Mean log-probability of the question's tokens given each document, read from the store at `probe_ratio`
+    (training-free; the question-likelihood reranking of UPR, Sachan et al., 2022): one pass over the question's
+    tokens per document, against its cached key/values."""
+
+    label: ClassVar[str] = "question likelihood"
+    probe_ratio: float = Field(4.0, description="Ratio the documents are read at to score them.")
+    probe_reading: Literal["text", "nuggets"] = Field(
+        "nuggets", description="Read as the encoder's nuggets by the decoder, or as text by the frozen model.")
+
+    def relevance(self, question, texts, compressor):
+        model = compressor.model
+        adapter = None if self.probe_reading == "text" else ENCODER
+        states = compressor.states(list(texts), self.probe_ratio, adapter=adapter)
+        _, after = model.chat_prompt([{"role": "user", "content": PROBE_INSTRUCTION}])
+        asked = model.tokenizer(question, add_special_tokens=False)["input_ids"]
+        if not asked:
+            raise ValueError("QueryLikelihood needs a question to score the documents with; got an empty one")
+        ids = torch.tensor([after + asked] * len(states), device=model.device)
+        labels = torch.full_like(ids, -100)
+        labels[:, len(after) :] = ids[:, len(after) :]
+        with torch.inference_mode():
+            out = model.decode([[s] for s in states], ids, labels=labels, return_logits=False,
+                               adapter=None if adapter is None else DECODER)
+        logp = torch.log_softmax(out.target_logits, dim=-1).view(len(states), len(asked), -1)
+        target = torch.tensor(asked, device=logp.device)[None, :, None].expand(len(states), -1, 1)
+        return logp.gather(-1, target).squeeze(-1).mean(-1).tolist()
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+POLICIES: dict[str, type[ResolutionPolicy]] = {
+    "uniform": UniformResolution, "rank": RetrieverRank, "lexical": LexicalRerank, "likelihood": QueryLikelihood,
+}
+
+
+def default_resolution() -> ResolutionPolicy:
+    """The policy measured best on squad_rag dev (BENCHMARKS.md, "Reading retrieved passages"): the question's
+    likelihood given each passage's nuggets at r = 4 picks the passage read whole; the rest are skimmed at r = 10."""
+    return QueryLikelihood(skim_ratio=10)
