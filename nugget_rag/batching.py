@@ -1,14 +1,17 @@
 """Batched decoding of concurrent requests (`nugget-rag serve`): requests with the same generation settings are
 decoded as one batch, one forward pass per step for all of them. A batch takes the requests that arrive within
 `wait_s`, and, while the previous batch of those settings still decodes, every request that arrives until it ends.
-Decoding a small model is bound by reading its weights, so a batch of 8 costs little more per step than one."""
+Decoding a small model is bound by reading its weights, so a batch of 8 costs little more per step than one.
+A row whose request is cancelled (its consumer stopped reading, or `for_request`'s `stop` says so) leaves its batch at
+the next step, and a batch whose rows have all left stops."""
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .config import DECODER
@@ -19,13 +22,25 @@ from .state import NuggetState
 _END = object()
 
 
+class RequestCancelled(Exception):
+    """The row left its batch before its answer ended: its request was cancelled."""
+
+
 @dataclass(eq=False)
 class _Row:
     states: Sequence[NuggetState]
     prompt: Sequence[int]
     prefix: Sequence[int] | None
+    stop: Callable[[], bool] | None = None
     out: queue.Queue = field(default_factory=queue.Queue)
-    cancelled: bool = False
+    cancelled: bool = False  # its consumer stopped reading
+
+    @property
+    def left(self) -> bool:
+        return self.cancelled or (self.stop is not None and self.stop())
+
+    def leave(self) -> None:
+        self.out.put(RequestCancelled("the request was cancelled before its answer ended"))
 
 
 @dataclass(eq=False)
@@ -42,6 +57,8 @@ class BatchedGenerator:
     last step included. A row whose consumer stops (a client gone) leaves its batch; the others go on.
     """
 
+    _stop: Callable[[], bool] | None = None
+
     def __init__(self, model: NuggetModel, max_batch: int = 8, wait_s: float = 0.01):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -51,9 +68,16 @@ class BatchedGenerator:
         self._lock = threading.Lock()
         self.batch_sizes: list[int] = []  # of every batch run (for reports and tests)
 
+    def for_request(self, stop: Callable[[], bool]) -> BatchedGenerator:
+        """This generator (its batches shared) for one request: its rows leave their batch at the first step where
+        `stop()` is true, and their streams raise RequestCancelled."""
+        view = copy.copy(self)
+        view._stop = stop
+        return view
+
     def stream(self, states: Sequence[NuggetState], prompt: Sequence[int], settings: GenerationSettings,
                prefix: Sequence[int] | None = None, adapter: str | None = DECODER) -> Iterator[str]:
-        row = _Row(list(states), list(prompt), prefix)
+        row = _Row(list(states), list(prompt), prefix, self._stop)
         # a seeded sample is reproducible only alone: its random stream would be shared by the batch
         key = (adapter, settings.model_dump_json()) if settings.seed is None else (id(row),)
         with self._lock:
@@ -86,7 +110,14 @@ class BatchedGenerator:
             self._decode_batch(batch)
 
     def _decode_batch(self, batch: _Batch) -> None:
-        rows = batch.rows
+        rows = []
+        for row in batch.rows:
+            if row.left:  # cancelled while it waited for its batch's turn
+                row.leave()
+            else:
+                rows.append(row)
+        if not rows:
+            return
         self.batch_sizes.append(len(rows))
         try:
             self._decode(rows, batch)
@@ -114,7 +145,10 @@ class BatchedGenerator:
                     if done[i]:
                         rows[i].out.put(_END)
                         live.discard(i)
-                if all(rows[i].cancelled for i in live):
+                for i in [i for i in live if rows[i].left]:
+                    rows[i].leave()
+                    live.discard(i)
+                if not live:
                     break
         except Exception as err:
             steps.close()

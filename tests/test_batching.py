@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from nugget_rag.batching import BatchedGenerator
+from nugget_rag.batching import BatchedGenerator, RequestCancelled
 from nugget_rag.generation import GenerationSettings, generate
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.",
@@ -65,6 +65,24 @@ def test_a_consumer_that_leaves_does_not_stop_the_others(setup):
     next(first)
     first.close()
     assert "".join(second) == generate(model, [[states[1]]], [prompts[1]], settings)[0]
+
+
+def test_a_cancelled_request_leaves_its_batch_at_the_next_step(setup):
+    model, states, prompts = setup
+    settings = GenerationSettings(max_new_tokens=200)
+    batcher = BatchedGenerator(model, max_batch=8, wait_s=0.2)
+    stop = threading.Event()
+    cancelled = batcher.for_request(stop.is_set).stream([states[0]], prompts[0], settings)
+    other = batcher.stream([states[1]], prompts[1], GenerationSettings(max_new_tokens=4))
+    waiting = batcher.for_request(lambda: True).stream([states[2]], prompts[2], settings)  # gone before its turn
+    next(cancelled)
+    stop.set()
+    with pytest.raises(RequestCancelled):
+        list(cancelled)
+    with pytest.raises(RequestCancelled):
+        list(waiting)
+    assert "".join(other) == generate(model, [[states[1]]], [prompts[1]], GenerationSettings(max_new_tokens=4))[0]
+    assert batcher.batch_sizes == [1, 1]  # the waiting row never decoded
 
 
 def test_a_bad_row_fails_alone(setup):
