@@ -1,43 +1,79 @@
 """`nugget-rag serve`: a long-running HTTP server that keeps the model, the index and the nugget store warm.
 
     GET  /health                     {"status": "ok", "model", "ratio", "chunks", "pending", "batches", "mean_batch"}
+    GET  /metrics                    Prometheus metrics: requests and errors by status, pending requests, cancelled
+                                     answers, tokens in and out, nuggets read, latency histograms
     POST /ask      {"question", "k"?, "max_new_tokens"?, "stream"?}
-                   stream (default): NDJSON lines {"text": piece}..., then {"sources": [...], "usage": {...}}
+                   stream (default): NDJSON lines {"text": piece}..., then {"sources": [...], "usage": {...}}; a
+                   failure after the first line ends the stream with {"error": {"message", "status"}}
                    otherwise: {"answer", "sources", "usage"}
-    POST /compress {"documents": [text | {"page_content", "metadata"?}]}  -> {"documents": [{"metadata"}]}
+    POST /compress {"documents": [text | {"page_content", "metadata"?}]}
+                   -> {"documents": [{"metadata"} | {"skipped": why}]}, one entry per input, in order
     POST /ingest   {"documents": [text | {"page_content", "metadata"?}]}  -> {"added", "chunks"}
+    GET  /v1/models             the served model, in OpenAI's format
     POST /v1/chat/completions   OpenAI's chat format (messages, max_tokens, stream as server-sent events): the last
-                   user message is the question, answered from the retrieved chunks; the answer names its sources
+                   user message is the question, answered from the retrieved chunks; the answer names its sources.
+                   A failure after the first event ends the stream with a `data: {"error": {...}}` event
 
 Requests beyond `max_pending` in flight get 503; bodies over `max_body_bytes` get 413; malformed or incomplete JSON
-gets 422. Answers to concurrent requests are decoded in shared batches of up to `max_batch` (batching.py); a
-client that disconnects leaves its batch. Needs the [serve] and [retrieval] extras.
+gets 422, and so does text that is not valid Unicode (a lone surrogate), naming its field. Whatever refuses a
+request does so before a streamed answer's first byte: its first piece is decoded before the response starts.
+Answers to concurrent requests are decoded in shared batches of up to `max_batch` (batching.py); an answer whose
+client disconnects, or that runs past `request_timeout_s`, leaves its batch at the next token and frees its slot.
+With an `api_key`, every path but /health needs `Authorization: Bearer <key>` (401 otherwise). Needs the [serve]
+and [retrieval] extras.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import JSONResponse, StreamingResponse
+import anyio
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .batching import BatchedGenerator
+from .batching import BatchedGenerator, RequestCancelled
 from .llm import NuggetLLM
+from .server_middleware import ApiKey, BodyLimit, Metrics
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _check_unicode(where: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{where} is not valid Unicode: {text[err.start:err.end]!r} at character {err.start} (a "
+                         "lone surrogate); send UTF-8 text") from None
+
+
+def _unicode(value: str, info: ValidationInfo) -> str:
+    _check_unicode(info.field_name or "the text", value)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
 
 
 class AskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    question: str
+    question: Text
     k: int = Field(4, ge=1, le=64, description="Chunks to read.")
     max_new_tokens: int = Field(128, ge=1, le=2048)
     stream: bool = True
@@ -50,9 +86,20 @@ class AskRequest(BaseModel):
         return value
 
 
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: Text
+
+
 class ChatMessage(BaseModel):
     role: str
-    content: str
+    content: Text | list[TextPart] | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "\n".join(part.text for part in self.content)
+        return self.content or ""
 
 
 class ChatRequest(BaseModel):
@@ -62,169 +109,303 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int = Field(128, ge=1, le=2048)
+    max_tokens: int | None = Field(None, ge=1, le=2048)
+    max_completion_tokens: int | None = Field(None, ge=1, le=2048, description="OpenAI's newer name for max_tokens.")
     stream: bool = False
     k: int = Field(4, ge=1, le=64)
+
+    @property
+    def limit(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 128
 
 
 class DocumentsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    documents: list[str | Document] = Field(min_length=1, max_length=10_000)
+    documents: list[Text | Document] = Field(min_length=1, max_length=10_000)
+
+    @field_validator("documents")
+    @classmethod
+    def _unicode_documents(cls, value: list[str | Document]) -> list[str | Document]:
+        for i, doc in enumerate(value):
+            if isinstance(doc, Document):
+                _check_unicode(f"documents[{i}].page_content", doc.page_content)
+                _check_unicode(f"documents[{i}].metadata", json.dumps(doc.metadata, ensure_ascii=False))
+        return value
+
+    def as_documents(self) -> list[Document]:
+        return [d if isinstance(d, Document) else Document(page_content=d) for d in self.documents]
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over `limit` bytes gets 413 before it is parsed."""
+class _Slots:
+    """Requests in flight, at most `limit`; an answer's slot also holds its deadline."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, limit: int, timeout_s: float, metrics: Metrics):
+        self.limit, self.timeout_s, self.metrics = limit, timeout_s, metrics
+        self.count = 0
+        self.lock = threading.Lock()
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await _too_large(self.limit, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise HTTPException(413, f"the request body is over {self.limit} bytes")
-            return message
-
-        return await self.app(scope, limited, send)
+    def admit(self) -> _Slot:
+        with self.lock:
+            if self.count >= self.limit:
+                raise HTTPException(503, f"the server is busy ({self.limit} requests in flight); retry shortly")
+            self.count += 1
+        return _Slot(self)
 
 
-async def _too_large(limit: int, send) -> None:
-    body = json.dumps({"detail": f"the request body is over {limit} bytes"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+class _Slot:
+    """One admitted request, freed once: when it ends, fails or is cancelled."""
+
+    def __init__(self, slots: _Slots):
+        self._slots = slots
+        self.admitted = time.monotonic()
+        self.deadline = self.admitted + slots.timeout_s
+        self._gone = threading.Event()
+        self._freed = False
+
+    def stop(self) -> bool:
+        """Whether its answer must stop: its client left, or it ran past its deadline."""
+        return self._gone.is_set() or time.monotonic() > self.deadline
+
+    def free(self, cancelled: str | None = None) -> None:
+        """Free the slot (once); `cancelled`: why its answer was cut off, for the metrics."""
+        with self._slots.lock:
+            if self._freed:
+                return
+            self._freed = True
+            self._slots.count -= 1
+        if cancelled:
+            self._slots.metrics.cancelled.labels(cancelled).inc()
+
+    def disconnect(self) -> None:
+        """Its client left: its answer leaves its batch at the next token, and the slot is free now."""
+        self._gone.set()
+        self.free("disconnect")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def watched(http: Request, slot: _Slot, work: Callable[[], T]) -> T:
+    """`work()`, run in a thread; a client that disconnects meanwhile cancels the slot's answer (its decoding stops at
+    the next token) and raises ClientGone at once."""
+    outcome = {}
+    async with anyio.create_task_group() as group:
+        async def run():
+            try:
+                outcome["value"] = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            except Exception as err:
+                outcome["error"] = err
+            group.cancel_scope.cancel()
+
+        group.start_soon(run)
+        while not await http.is_disconnected():
+            await anyio.sleep(0.1)
+        slot.disconnect()
+        group.cancel_scope.cancel()
+    if "error" in outcome:
+        raise outcome["error"]
+    if "value" not in outcome:
+        raise ClientGone()
+    return outcome["value"]
+
+
+class _Stream(StreamingResponse):
+    """A streamed answer that calls `on_end` once the response is over: at once when its client went away."""
+
+    def __init__(self, content, on_end: Callable[[], None], media_type: str):
+        super().__init__(content, media_type=media_type)
+        self.on_end = on_end
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_end()
 
 
 def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int = 32,
-               max_body_bytes: int = 1 << 20, max_batch: int = 8) -> BodyLimit:
+               max_body_bytes: int = 1 << 20, max_batch: int = 8, request_timeout_s: float = 600,
+               api_key: str | None = None):
     """The server (an ASGI app) over a loaded `NuggetIndex` (its compressor, store and FAISS index); `index_dir`:
-    the index's directory, which /ingest updates as `nugget-rag ingest` does (None: the index stays in memory)."""
+    the index's directory, which /ingest updates as `nugget-rag ingest` does (None: the index stays in memory);
+    `request_timeout_s`: an answer still decoding after this long is cut off (504); `api_key`: the key every path
+    but /health needs (None: none)."""
     from .integrations import NuggetIndex, build_qa_chain
 
     app = FastAPI(title="nugget-rag", description=__doc__.split("\n\n")[0])
     compressor = index.compressor
+    model_name = compressor.model.base_name
+    started = int(time.time())
     batcher = BatchedGenerator(compressor.model, max_batch=max_batch)
     index_lock = threading.Lock()  # FAISS adds and searches, and saves, one at a time
-    pending = {"count": 0}
-    pending_lock = threading.Lock()
+    metrics = Metrics(pending=lambda: slots.count)
+    slots = _Slots(max_pending, request_timeout_s, metrics)
 
-    def admit() -> None:
-        with pending_lock:
-            if pending["count"] >= max_pending:
-                raise HTTPException(503, f"the server is busy ({max_pending} requests in flight); retry shortly")
-            pending["count"] += 1
-
-    def release() -> None:
-        with pending_lock:
-            pending["count"] -= 1
+    def failure(err: Exception) -> tuple[int, str]:
+        """The status and message of an error that ends a streamed answer."""
+        if isinstance(err, HTTPException):
+            return err.status_code, str(err.detail)
+        if isinstance(err, RequestCancelled):
+            return 504, f"the answer ran past the server's {request_timeout_s:g} s limit (--request-timeout)"
+        if isinstance(err, ValueError):
+            return 422, str(err)
+        log.error("an answer failed after its stream started", exc_info=err)
+        return 500, f"the answer failed: {type(err).__name__}: {err}"
 
     @app.get("/health")
     def health() -> dict:
         sizes = batcher.batch_sizes
-        return {"status": "ok", "model": compressor.model.base_name, "ratio": compressor.effective_ratio,
-                "chunks": len(index), "pending": pending["count"], "batches": len(sizes),
+        return {"status": "ok", "model": model_name, "ratio": compressor.effective_ratio,
+                "chunks": len(index), "pending": slots.count, "batches": len(sizes),
                 "mean_batch": round(sum(sizes) / len(sizes), 2) if sizes else None}
 
-    def answer(request: AskRequest) -> Iterator[dict]:
-        """Admit the request, retrieve its chunks, then yield {"text"} pieces and a last {"sources", "usage"}. The
-        slot is freed when the iterator ends or is closed (a client that went away)."""
+    @app.get("/metrics")
+    def metrics_text() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list",
+                "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "nugget-rag"}]}
+
+    async def answer(request: AskRequest, http: Request) -> tuple[_Slot, Iterator[dict]]:
+        """Admit the request, retrieve its chunks and decode up to its answer's first piece, so that whatever refuses
+        it does so before a response starts; then the answer: {"text"} pieces and a last {"sources", "usage"}."""
         if not len(index):
             raise HTTPException(409, "the index is empty: ingest documents first (POST /ingest)")
-        admit()
-        try:
-            llm = NuggetLLM(compressor=compressor, max_new_tokens=request.max_new_tokens, batcher=batcher)
-            with index_lock:
-                docs = index.as_retriever(k=request.k).invoke(request.question)
-            chain = build_qa_chain(RunnableLambda(lambda _: docs), llm)
-        except BaseException:
-            release()
-            raise
+        slot = slots.admit()
 
-        def pieces() -> Iterator[dict]:
+        def begin() -> Iterator[dict]:
             try:
-                final = None
-                for chunk in chain.stream(request.question):
-                    final = chunk if final is None else final + chunk
-                    if chunk.content:
-                        yield {"text": chunk.content}
-                yield {"sources": final.response_metadata.get("sources", []) if final else [],
-                       "usage": final.usage_metadata if final else None}
-            finally:
-                release()
+                llm = NuggetLLM(compressor=compressor, max_new_tokens=request.max_new_tokens,
+                                batcher=batcher.for_request(slot.stop))
+                with index_lock:
+                    docs = index.as_retriever(k=request.k).invoke(request.question)
+                chain = build_qa_chain(RunnableLambda(lambda _: docs), llm)
+                pieces = decode(chain, request.question, slot)
+                first = next(pieces)
+            except BaseException:
+                slot.free()
+                raise
+            return itertools.chain([first], pieces)
 
-        return pieces()
+        return slot, await watched(http, slot, begin)
 
-    def whole(request: AskRequest) -> dict:
-        parts = list(answer(request))
+    def decode(chain, question: str, slot: _Slot) -> Iterator[dict]:
+        """The answer's pieces; its slot is freed when they end, fail or are cancelled."""
+        try:
+            final = None
+            for chunk in chain.stream(question):
+                final = chunk if final is None else final + chunk
+                if chunk.content:
+                    if final is chunk:
+                        metrics.first_token.observe(time.monotonic() - slot.admitted)
+                    yield {"text": chunk.content}
+            usage = final.usage_metadata if final else None
+            metrics.count_usage(usage)
+            yield {"sources": final.response_metadata.get("sources", []) if final else [], "usage": usage}
+        except RequestCancelled:
+            slot.free("deadline")  # (a client that left has freed it already)
+            raise
+        finally:
+            slot.free()
+
+    async def whole(request: AskRequest, http: Request) -> dict:
+        slot, pieces = await answer(request, http)
+        parts = await watched(http, slot, lambda: list(pieces))
         return {"answer": "".join(p.get("text", "") for p in parts), **parts[-1]}
 
+    def streamed(slot: _Slot, pieces: Iterator[dict], render: Callable[[dict], bytes],
+                 error: Callable[[int, str], bytes], media_type: str, end: bytes = b"") -> _Stream:
+        """A response streaming the rendered pieces; a failure ends it with `error`'s event, a client that leaves
+        cancels the answer."""
+        async def body():
+            try:
+                # abandoned on cancel: a client that left stops waiting; its answer stops at the next token
+                while (piece := await anyio.to_thread.run_sync(next, pieces, None, abandon_on_cancel=True)) is not None:
+                    yield render(piece)
+            except Exception as err:
+                status, message = failure(err)
+                metrics.errors.labels(str(status)).inc()
+                yield error(status, message)
+                return
+            if end:
+                yield end
+
+        return _Stream(body(), slot.disconnect, media_type)
+
     @app.post("/ask")
-    def ask(request: AskRequest):
+    async def ask(request: AskRequest, http: Request):
         if not request.stream:
-            return whole(request)
-        lines = (json.dumps(piece).encode() + b"\n" for piece in answer(request))
-        return StreamingResponse(lines, media_type="application/x-ndjson")
+            return await whole(request, http)
+        slot, pieces = await answer(request, http)
+        return streamed(slot, pieces, lambda piece: json.dumps(piece).encode() + b"\n",
+                        lambda status, message: json.dumps({"error": {"message": message, "status": status}}).encode()
+                        + b"\n", "application/x-ndjson")
 
     @app.post("/v1/chat/completions")
-    def chat(request: ChatRequest):
-        questions = [m.content for m in request.messages if m.role == "user" and m.content.strip()]
+    async def chat(request: ChatRequest, http: Request):
+        questions = [m.text for m in request.messages if m.role == "user" and m.text.strip()]
         if not questions:
             raise HTTPException(422, "the messages hold no user message with a question")
-        ask_request = AskRequest(question=questions[-1], k=request.k, max_new_tokens=request.max_tokens,
+        ask_request = AskRequest(question=questions[-1], k=request.k, max_new_tokens=request.limit,
                                  stream=request.stream)
-        model_name = compressor.model.base_name
-        created = int(time.time())
+
+        def finish_reason(usage: dict | None) -> str:  # OpenAI's: "length" where the token limit cut the answer
+            return "length" if (usage or {}).get("output_tokens", 0) >= request.limit else "stop"
+
+        identity = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model_name}
         if not request.stream:
-            result = whole(ask_request)
+            result = await whole(ask_request, http)
             usage = result["usage"] or {}
-            return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": created,
-                    "model": model_name, "sources": result["sources"],
+            return {**identity, "object": "chat.completion", "sources": result["sources"],
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": result["answer"]},
-                                 "finish_reason": "stop"}],
+                                 "finish_reason": finish_reason(usage)}],
                     "usage": {"prompt_tokens": usage.get("input_tokens", 0),
                               "completion_tokens": usage.get("output_tokens", 0),
                               "total_tokens": usage.get("total_tokens", 0)}}
-        pieces = answer(ask_request)
-        identity = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": created,
-                    "model": model_name}
+        slot, pieces = await answer(ask_request, http)
+        first = True
 
-        def events() -> Iterator[bytes]:
-            for message in pieces:
-                delta = {"content": message["text"]} if "text" in message else {}
-                chunk = {**identity, "choices": [{"index": 0, "delta": delta,
-                                                  "finish_reason": None if delta else "stop"}]}
-                if not delta:
-                    chunk["sources"] = message["sources"]
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
-            yield b"data: [DONE]\n\n"
+        def event(piece: dict) -> bytes:
+            nonlocal first
+            if "text" in piece:
+                delta = {"role": "assistant", "content": piece["text"]} if first else {"content": piece["text"]}
+                chunk = {**identity, "object": "chat.completion.chunk",
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+                first = False
+            else:
+                chunk = {**identity, "object": "chat.completion.chunk", "sources": piece["sources"],
+                         "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason(piece["usage"])}]}
+            return f"data: {json.dumps(chunk)}\n\n".encode()
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        def error(status: int, message: str) -> bytes:
+            kind = "invalid_request_error" if status < 500 else "server_error"
+            return f"data: {json.dumps({'error': {'message': message, 'type': kind, 'code': status}})}\n\n".encode()
+
+        return streamed(slot, pieces, event, error, "text/event-stream", end=b"data: [DONE]\n\n")
 
     @app.post("/compress")
     def compress(request: DocumentsRequest) -> dict:
-        admit()
+        docs = request.as_documents()
+        slot = slots.admit()
         try:
-            out = compressor.invoke(list(request.documents))
+            out = iter(compressor.invoke([d for d in docs if d.page_content.strip()]))
         finally:
-            release()
-        return {"documents": [{"metadata": d.metadata} for d in out]}
+            slot.free()
+        return {"documents": [{"metadata": next(out).metadata} if d.page_content.strip()
+                              else {"skipped": "the document is empty or whitespace: it has no nuggets"}
+                              for d in docs]}
 
     @app.post("/ingest")
     def ingest(request: DocumentsRequest) -> dict:
         nonlocal index
-        admit()
+        docs = request.as_documents()
+        slot = slots.admit()
         try:
-            docs = [d if isinstance(d, Document) else Document(page_content=d) for d in request.documents]
             with index_lock:
                 if index_dir is None:
                     added = index.ingest(docs)
@@ -235,11 +416,43 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                         added = updated.ingest(docs)
                     index = updated
         finally:
-            release()
+            slot.free()
         return {"added": added, "chunks": len(index)}
 
-    @app.exception_handler(ValueError)
-    async def bad_value(request, err: ValueError) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status_code=422)
+    def refusal(request: Request, status: int, detail: Any, headers: dict | None = None) -> JSONResponse:
+        """An error response: {"detail"}, or OpenAI's {"error": {"message", "type", "code"}} under /v1/."""
+        if not request.url.path.startswith("/v1/"):
+            return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+        if not isinstance(detail, str):  # validation errors
+            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in detail)
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return JSONResponse({"error": {"message": detail, "type": kind, "code": status}}, status_code=status,
+                            headers=headers)
 
-    return BodyLimit(app, max_body_bytes)
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        return refusal(request, err.status_code, err.detail, err.headers)
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request: Request, err: ValueError) -> JSONResponse:
+        return refusal(request, 422, str(err))
+
+    @app.exception_handler(ClientGone)
+    async def gone(request: Request, err: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request", for the logs and metrics: nobody reads it
+
+    @app.exception_handler(RequestCancelled)
+    async def cancelled(request: Request, err: RequestCancelled) -> JSONResponse:
+        return refusal(request, *failure(err))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        # without the input: it may be large, or not encodable (a lone surrogate)
+        errors = [{key: value for key, value in e.items() if key != "input"} for e in err.errors()]
+        return refusal(request, 422, jsonable_encoder(errors))
+
+    paths = [route.path for route in app.routes]
+    served = BodyLimit(app, max_body_bytes)
+    if api_key is not None:
+        served = ApiKey(served, api_key)
+    return metrics.observe(served, paths)

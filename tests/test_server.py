@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import statistics
 import threading
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,7 +22,7 @@ from langchain_core.documents import Document  # noqa: E402
 from test_integrations import HashEmbeddings  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore  # noqa: E402
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
 from nugget_rag.server import create_app  # noqa: E402
 
@@ -36,6 +41,39 @@ def index(tmp_path):
 def client(index, tmp_path):
     with TestClient(create_app(index, tmp_path, max_pending=4, max_body_bytes=100_000)) as client:
         yield client
+
+
+@contextmanager
+def serving(app) -> Iterator[str]:
+    """`app` served by uvicorn in a thread, on a free loopback port: its base URL."""
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def slow_steps(monkeypatch):
+    """Decoding at 20 ms a step or more: a long answer takes seconds."""
+    steps = batching.generation_steps
+
+    def slow(*args, **kwargs):
+        for step in steps(*args, **kwargs):
+            time.sleep(0.02)
+            yield step
+
+    monkeypatch.setattr(batching, "generation_steps", slow)
 
 
 def test_ingest_then_ask_streams_the_answer_with_sources(client, tmp_path):
@@ -95,36 +133,19 @@ def test_a_client_leaving_mid_stream_frees_its_slot(client):
     assert client.get("/health").json()["pending"] == 0
 
 
-def test_200_requests_from_8_clients_all_succeed(index, tmp_path):
-    import socket
-
-    import uvicorn
-
+def test_200_requests_from_8_clients_all_succeed(index):
     index.ingest([Document(page_content=t) for t in TEXTS])
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(index, None, max_pending=64), port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
 
-    def ask(i: int) -> float:
+    def ask(url: str, i: int) -> float:
         start = time.perf_counter()
         body = json.dumps({"question": f"Question {i}?", "k": 1, "max_new_tokens": 2, "stream": i % 2 == 0}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/ask", data=body,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(f"{url}/ask", data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as response:
             assert response.status == 200 and response.read()
         return time.perf_counter() - start
 
-    try:
-        with ThreadPoolExecutor(8) as pool:
-            latencies = sorted(pool.map(ask, range(200)))
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serving(create_app(index, None, max_pending=64)) as url, ThreadPoolExecutor(8) as pool:
+        latencies = sorted(pool.map(lambda i: ask(url, i), range(200)))
     assert len(latencies) == 200
     print(f"200 requests, 8 clients: p50 {statistics.median(latencies) * 1000:.0f} ms, "
           f"p95 {latencies[189] * 1000:.0f} ms")
@@ -142,7 +163,8 @@ def test_openai_compatible_chat_completions(client):
     assert events[-1] == "data: [DONE]"
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-    assert text == whole["choices"][0]["message"]["content"] and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert text == whole["choices"][0]["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"] == "length"  # 4 tokens
     assert client.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "hi"}]}).status_code == 422
     assert client.get("/health").json()["pending"] == 0
 
@@ -154,3 +176,191 @@ def test_ingest_keeps_what_another_process_added_to_the_index_meanwhile(client, 
     assert client.post("/ingest", json={"documents": [TEXTS[1]]}).json() == {"added": 1, "chunks": 3}
     saved = NuggetIndex.load(tmp_path, index.compressor, HashEmbeddings())
     assert len(saved) == 3
+
+
+def first_line_then_leave(url: str, body: dict) -> float:
+    """Open a streamed /ask, read its first line, and disconnect: the seconds to that line."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    start = time.perf_counter()
+    connection.request("POST", "/ask", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and "text" in json.loads(response.readline())
+    elapsed = time.perf_counter() - start
+    response.close()
+    connection.close()
+    return elapsed
+
+
+def pending(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+        return json.loads(response.read())["pending"]
+
+
+def test_a_client_that_disconnects_leaves_its_batch(index, slow_steps):
+    index.ingest([Document(page_content=t) for t in TEXTS])
+    long = {"question": "What does the falcon do?", "k": 1, "max_new_tokens": 400}  # seconds to decode whole
+    with serving(create_app(index, None)) as url:
+        idle = first_line_then_leave(url, long)
+        for _ in range(20):  # the slot is free within 2 s
+            if pending(url) == 0:
+                break
+            time.sleep(0.1)
+        assert pending(url) == 0
+        after = first_line_then_leave(url, long)  # not queued behind the answer nobody reads
+        time.sleep(0.5)
+        assert pending(url) == 0
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+    assert 'nugget_rag_cancelled_requests_total{reason="disconnect"} 2.0' in metrics
+    assert after < 2 * idle, (after, idle)
+    print(f"first line: idle {idle * 1000:.0f} ms, after a disconnect {after * 1000:.0f} ms")
+
+
+@pytest.mark.parametrize("path", ["/ask", "/v1/chat/completions"])
+def test_a_client_that_disconnects_before_a_whole_answer_leaves_its_batch(index, slow_steps, path):
+    index.ingest([Document(page_content=t) for t in TEXTS])
+    body = ({"question": "What does the falcon do?", "max_new_tokens": 400, "stream": False} if path == "/ask"
+            else {"messages": [{"role": "user", "content": "What does the falcon do?"}], "max_tokens": 400})
+    with serving(create_app(index, None)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        time.sleep(0.5)  # decoding
+        assert pending(url) == 1
+        connection.close()
+        for _ in range(20):
+            if pending(url) == 0:
+                break
+            time.sleep(0.1)
+        assert pending(url) == 0
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+    assert 'nugget_rag_cancelled_requests_total{reason="disconnect"} 1.0' in metrics
+    assert f'nugget_rag_requests_total{{path="{path}",status="499"}} 1.0' in metrics
+
+
+def test_an_answer_past_its_deadline_is_cut_off_with_a_504(index, slow_steps):
+    index.ingest([Document(page_content=t) for t in TEXTS])
+    long = {"question": "What does the falcon do?", "k": 1, "max_new_tokens": 400}
+    with TestClient(create_app(index, None, request_timeout_s=0.5)) as client:
+        start = time.perf_counter()
+        lines = [json.loads(line) for line in client.post("/ask", json=long).iter_lines() if line]
+        assert lines[-1]["error"]["status"] == 504 and "--request-timeout" in lines[-1]["error"]["message"]
+        whole = client.post("/ask", json={**long, "stream": False})
+        assert whole.status_code == 504 and "0.5 s" in whole.json()["detail"]
+        assert time.perf_counter() - start < 5  # not the 2 x 8 s the answers take whole
+        assert client.get("/health").json()["pending"] == 0
+        assert 'nugget_rag_cancelled_requests_total{reason="deadline"} 2.0' in client.get("/metrics").text
+
+
+@pytest.mark.parametrize("path", ["/ask", "/v1/chat/completions"])
+def test_a_refused_stream_gets_its_status_before_the_first_byte(client, path):
+    client.post("/ingest", json={"documents": TEXTS})
+    question = "Which bird? " * 2000  # 24 KB: longer than the tiny model's 512 positions
+    body = ({"question": question} if path == "/ask"
+            else {"messages": [{"role": "user", "content": question}], "stream": True})
+    response = client.post(path, json=body)
+    assert response.status_code == 422 and "positions" in response.text
+    assert client.get("/health").json()["pending"] == 0
+
+
+def test_a_failure_mid_stream_ends_it_with_an_error_event(client, monkeypatch):
+    client.post("/ingest", json={"documents": TEXTS})
+    steps = batching.generation_steps
+
+    def failing(*args, **kwargs):  # the device fails once the answer has begun
+        for pieces, done in steps(*args, **kwargs):
+            yield pieces, [False] * len(pieces)
+            if any(pieces):
+                raise RuntimeError("the device fell over")
+
+    monkeypatch.setattr(batching, "generation_steps", failing)
+    lines = [json.loads(line) for line in client.post("/ask", json={"question": "Bread?"}).iter_lines() if line]
+    assert "text" in lines[0] and lines[-1] == {"error": {"message": "the answer failed: RuntimeError: the device "
+                                                          "fell over", "status": 500}}
+    events = [e for e in client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Bread?"}],
+                                                                   "stream": True}).iter_lines() if e]
+    assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] == 500
+    assert client.get("/health").json()["pending"] == 0
+    assert 'nugget_rag_errors_total{status="500"} 2.0' in client.get("/metrics").text
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/ask", {"question": "Why\ud800?"}, "question"),
+    ("/ingest", {"documents": ["fine", "bad \ud800"]}, "documents"),
+    ("/ingest", {"documents": [{"page_content": "bad \udfff"}]}, "documents[0].page_content"),
+    ("/compress", {"documents": [{"page_content": "fine", "metadata": {"title": "\ud800"}}]}, "documents[0].metadata"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Why\ud800?"}]}, "content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+     "text"),
+])
+def test_text_that_is_not_valid_unicode_gets_a_422_naming_its_field(client, path, body, field):
+    client.post("/ingest", json={"documents": TEXTS})
+    response = client.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert response.status_code == 422 and f"{field} is not valid Unicode" in response.text, response.text
+    assert "\\ud800" in response.text or "\\udfff" in response.text  # the text named, escaped
+
+
+def test_compress_gives_every_input_an_entry_in_order(client):
+    documents = client.post("/compress", json={"documents": [TEXTS[0], "   ", "", TEXTS[1]]}).json()["documents"]
+    assert len(documents) == 4 and "empty" in documents[1]["skipped"] and "empty" in documents[2]["skipped"]
+    assert [documents[i]["metadata"]["nuggets"]["n_tokens"] for i in (0, 3)] == [len(TEXTS[0]), len(TEXTS[1])]
+
+
+def test_metrics_in_prometheus_format(client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.post("/ingest", json={"documents": TEXTS})
+    client.post("/ask", json={"question": "Bread?", "max_new_tokens": 3, "stream": False})
+    client.post("/ask", json={"question": " "})
+    response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(response.text) for s in family.samples}
+    assert samples[("nugget_rag_requests_total", (("path", "/ask"), ("status", "200")))] == 1
+    assert samples[("nugget_rag_errors_total", (("status", "422"),))] == 1
+    assert samples[("nugget_rag_tokens_total", (("direction", "out"),))] == 3
+    assert samples[("nugget_rag_nuggets_read_total", (("source", "store"),))] >= 1  # computed at /ingest
+    assert samples[("nugget_rag_pending_requests", ())] == 0
+    assert samples[("nugget_rag_request_seconds_count", (("path", "/ask"),))] == 2
+    assert samples[("nugget_rag_first_token_seconds_count", ())] == 1
+
+
+KEY = "s3cret-key"
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Basic {KEY}", "Bearer", f"Bearer {KEY}x", KEY])
+def test_a_key_guards_every_path_but_health(index, authorization):
+    with TestClient(create_app(index, None, api_key=KEY)) as client:
+        headers = {"Authorization": authorization} if authorization else {}
+        for method, path in [("POST", "/ask"), ("POST", "/ingest"), ("POST", "/compress"), ("GET", "/metrics"),
+                             ("GET", "/v1/models"), ("POST", "/v1/chat/completions")]:
+            response = client.request(method, path, json={"documents": TEXTS}, headers=headers)
+            assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+            assert KEY not in response.text and response.json() == {
+                "detail": "this server needs an API key: send the header 'Authorization: Bearer <key>'"}
+        assert client.get("/health").status_code == 200
+        granted = client.post("/ingest", json={"documents": TEXTS}, headers={"Authorization": f"Bearer {KEY}"})
+        assert granted.status_code == 200 and len(index) == 2
+
+
+def test_the_openai_client_talks_to_the_server(index):
+    openai = pytest.importorskip("openai")
+    index.ingest([Document(page_content=t) for t in TEXTS])
+    with serving(create_app(index, None, api_key=KEY)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        model = index.compressor.model.base_name
+        assert [m.id for m in client.models.list()] == [model]
+        question = [{"role": "user", "content": [{"type": "text", "text": "What does the falcon do?"}]}]
+        whole = client.chat.completions.create(model=model, messages=question, max_tokens=3)
+        assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 3
+        chunks = list(client.chat.completions.create(model=model, messages=question, max_completion_tokens=3,
+                                                     stream=True))
+        assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "length"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        with pytest.raises(openai.UnprocessableEntityError, match="positions"):  # refused before the stream
+            list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Why? " * 800}],
+                                                stream=True))
