@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from .cli_options import (
     add_checkpoint_option,
     add_verbose_option,
     add_weights_option,
+    positive_float,
     positive_int,
     ratio_arg,
 )
@@ -32,6 +34,7 @@ from .llm import NuggetLLM
 from .resolution import POLICIES
 
 log = logging.getLogger("nugget_rag.cli")
+API_KEY_ENV = "NUGGET_RAG_API_KEY"
 
 
 # ---------------------------------------------------------------------------------------------- seams
@@ -131,8 +134,10 @@ def _ask_server(args: argparse.Namespace) -> int:
     from .integrations import source_label
 
     body = json.dumps({"question": args.question, "k": args.k, "max_new_tokens": args.max_new_tokens}).encode()
-    request = urllib.request.Request(args.url.rstrip("/") + "/ask", data=body,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key := os.environ.get(API_KEY_ENV):
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(args.url.rstrip("/") + "/ask", data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=600) as response:
             tail = {}
@@ -141,6 +146,8 @@ def _ask_server(args: argparse.Namespace) -> int:
                 if "text" in message:
                     sys.stdout.write(message["text"])
                     sys.stdout.flush()
+                elif "error" in message:
+                    raise UserError(f"\nthe server at {args.url} stopped the answer: {message['error']['message']}")
                 else:
                     tail = message
     except urllib.error.HTTPError as err:
@@ -164,11 +171,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
     set_decoder_weights(compressor, args)
     index = NuggetIndex.open(args.index, compressor, load_embeddings(args))
+    key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = create_app(index, args.index, max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
-                     max_batch=args.max_batch)
-    print(f"serving {args.index} ({len(index)} chunks) on http://{args.host}:{args.port}", flush=True)
+                     max_batch=args.max_batch, request_timeout_s=args.request_timeout, api_key=key)
+    if key is None and not _loopback(args.host):
+        print(f"warning: serving on {args.host} without an API key: whoever reaches the port can ask, and write to "
+              f"the index through /ingest; set {API_KEY_ENV} or --api-key", file=sys.stderr, flush=True)
+    print(f"serving {args.index} ({len(index)} chunks) on http://{args.host}:{args.port}"
+          f"{' (API key required)' if key else ''}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -269,6 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests in flight before the server answers 503 (default 32)")
     serve.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, metavar="N",
                        help="largest request body (default 1 MiB)")
+    serve.add_argument("--request-timeout", type=positive_float, default=600, metavar="SECONDS",
+                       help="an answer still decoding after this long is cut off (default 600)")
+    serve.add_argument("--api-key", metavar="KEY",
+                       help=f"require 'Authorization: Bearer KEY' on every path but /health (default: ${API_KEY_ENV}; "
+                            "the variable keeps the key out of the process list)")
     add_weights_option(serve)
     serve.set_defaults(func=cmd_serve)
 

@@ -32,6 +32,16 @@ def positive_int(value: str) -> int:
     return number
 
 
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
 def checkpoint_arg(value: str) -> str | Path | None:
     """--checkpoint: a directory, 'default' (the shipped one) or 'none' (untrained)."""
     return {DEFAULT_CHECKPOINT: DEFAULT_CHECKPOINT, "none": None}.get(value, Path(value))

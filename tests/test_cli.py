@@ -192,3 +192,27 @@ def test_one_command_trains_and_evaluates(capsys):
     for command in ("train", "eval"):
         assert cli.main([command, "--help"]) == 0
         assert f"usage: nugget-rag {command}" in capsys.readouterr().out
+
+
+def test_serve_takes_its_key_from_the_environment_and_warns_without_one_off_loopback(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
+    import uvicorn
+
+    from nugget_rag import server
+
+    given = {}
+    create_app = server.create_app
+    monkeypatch.setattr(server, "create_app", lambda *args, **kwargs: given.update(kwargs) or create_app(*args, **kwargs))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: given.update(kwargs))
+    monkeypatch.delenv("NUGGET_RAG_API_KEY", raising=False)
+    serve = ["serve", "--index", str(tmp_path / "index"), "--request-timeout", "30"]
+    assert cli.main([*serve, "--host", "0.0.0.0"]) == 0
+    assert "without an API key" in capsys.readouterr().err
+    assert given["api_key"] is None and given["request_timeout_s"] == 30 and given["host"] == "0.0.0.0"
+    assert cli.main([*serve, "--host", "127.0.0.1"]) == 0 and "warning" not in capsys.readouterr().err
+    monkeypatch.setenv("NUGGET_RAG_API_KEY", "from-the-environment")
+    assert cli.main([*serve, "--host", "0.0.0.0"]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and "API key required" in captured.out
+    assert given["api_key"] == "from-the-environment"
+    assert cli.main([*serve, "--api-key", "from-the-flag"]) == 0 and given["api_key"] == "from-the-flag"
