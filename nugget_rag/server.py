@@ -9,7 +9,8 @@
                    otherwise: {"answer", "sources", "usage"}
     POST /compress {"documents": [text | {"page_content", "metadata"?}]}
                    -> {"documents": [{"metadata"} | {"skipped": why}]}, one entry per input, in order
-    POST /ingest   {"documents": [text | {"page_content", "metadata"?}]}  -> {"added", "chunks"}
+    POST /ingest   {"documents": [text | {"page_content", "metadata"?}]}  -> {"added", "chunks"}; questions are
+                   answered meanwhile from the index as it was, and see the new one once it is saved
     GET  /v1/models             the served model, in OpenAI's format
     POST /v1/chat/completions   OpenAI's chat format (messages, max_tokens, stream as server-sent events): the last
                    user message is the question, answered from the retrieved chunks; the answer names its sources.
@@ -239,7 +240,8 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
     model_name = compressor.model.base_name
     started = int(time.time())
     batcher = BatchedGenerator(compressor.model, max_batch=max_batch)
-    index_lock = threading.Lock()  # FAISS adds and searches, and saves, one at a time
+    index_lock = threading.Lock()  # held to search the index, and to publish or change it
+    versions, published = itertools.count(1), 0  # of the index copies /ingest publishes
     metrics = Metrics(pending=lambda: slots.count)
     slots = _Slots(max_pending, request_timeout_s, metrics)
 
@@ -402,22 +404,28 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
 
     @app.post("/ingest")
     def ingest(request: DocumentsRequest) -> dict:
-        nonlocal index
+        """Questions go on meanwhile: the documents are compressed, embedded and saved outside the index's lock, which
+        is held only to publish the result (or, for an index kept in memory, to add the embedded chunks)."""
+        nonlocal index, published
         docs = request.as_documents()
         slot = slots.admit()
         try:
-            with index_lock:
-                if index_dir is None:
+            if index_dir is None:
+                compressor.invoke(index.split(docs))  # into the store, where index.ingest then finds them
+                with index_lock:
                     added = index.ingest(docs)
-                else:  # under the directory's lock, from what is saved there: another process's updates stay
-                    settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
-                                "batch_size": index.batch_size}
-                    with NuggetIndex.updating(index_dir, compressor, index.embeddings, **settings) as updated:
-                        added = updated.ingest(docs)
-                    index = updated
+            else:  # a copy read under the directory's lock, from what is saved there: another process's updates stay
+                settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
+                            "batch_size": index.batch_size}
+                with NuggetIndex.updating(index_dir, compressor, index.embeddings, **settings) as updated:
+                    added = updated.ingest(docs)
+                    version = next(versions)  # in the directory lock's order
+                with index_lock:
+                    if version > published:  # never over a later ingest's copy
+                        index, published = updated, version
         finally:
             slot.free()
-        return {"added": added, "chunks": len(index)}
+        return {"added": added, "chunks": len(updated if index_dir is not None else index)}
 
     def refusal(request: Request, status: int, detail: Any, headers: dict | None = None) -> JSONResponse:
         """An error response: {"detail"}, or OpenAI's {"error": {"message", "type", "code"}} under /v1/."""

@@ -197,6 +197,22 @@ def pending(url: str) -> int:
         return json.loads(response.read())["pending"]
 
 
+def test_questions_are_answered_while_an_ingest_runs(client, index, monkeypatch):
+    client.post("/ingest", json={"documents": TEXTS})
+    embed = index.embeddings.embed_documents
+    monkeypatch.setattr(index.embeddings, "embed_documents", lambda texts: time.sleep(3) or embed(texts))
+    many = [f"Document {i} tells of falcons, rivers and bread number {i}." for i in range(20)]
+    ingesting = ThreadPoolExecutor(1).submit(client.post, "/ingest", json={"documents": many})
+    time.sleep(0.5)
+    start = time.perf_counter()
+    for _ in range(3):
+        answer = client.post("/ask", json={"question": "Falcons?", "k": 1, "max_new_tokens": 2, "stream": False})
+        assert answer.status_code == 200
+    assert time.perf_counter() - start < 2 and not ingesting.done()  # not behind the ingest's 3 s and more
+    assert ingesting.result().json() == {"added": 20, "chunks": 22}
+    assert client.get("/health").json()["chunks"] == 22  # published once saved
+
+
 def test_a_client_that_disconnects_leaves_its_batch(index, slow_steps):
     index.ingest([Document(page_content=t) for t in TEXTS])
     long = {"question": "What does the falcon do?", "k": 1, "max_new_tokens": 400}  # seconds to decode whole
