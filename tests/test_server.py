@@ -380,3 +380,15 @@ def test_the_openai_client_talks_to_the_server(index):
         with pytest.raises(openai.UnprocessableEntityError, match="positions"):  # refused before the stream
             list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Why? " * 800}],
                                                 stream=True))
+
+
+def test_ask_url_sends_the_key_from_the_environment(index, monkeypatch, capsys):
+    from nugget_rag import cli
+
+    index.ingest([Document(page_content=t) for t in TEXTS])
+    ask = ["ask", "Falcons?", "-k", "1", "--max-new-tokens", "2"]
+    with serving(create_app(index, None, api_key=KEY)) as url:
+        monkeypatch.delenv("NUGGET_RAG_API_KEY", raising=False)
+        assert cli.main([*ask, "--url", url]) == 2 and "answered 401" in capsys.readouterr().err
+        monkeypatch.setenv("NUGGET_RAG_API_KEY", KEY)
+        assert cli.main([*ask, "--url", url]) == 0 and "Sources:" in capsys.readouterr().out
