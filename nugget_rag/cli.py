@@ -118,11 +118,13 @@ def cmd_ask(args: argparse.Namespace) -> int:
         answer = chunk if answer is None else answer + chunk
     print()
     meta = answer.response_metadata if answer is not None else {}
+    readings = {reading["index"]: reading for reading in meta.get("resolution", [])}
     print("Sources:")
     for source in meta.get("sources", []):
-        print(f"  {source_label(source)}")
-    for reading in meta.get("resolution", []):
-        print(f"  chunk {reading['index'] + 1}: {reading['reason']}")
+        how = readings.pop(source["index"], {}).get("reason")
+        print(f"  {source_label(source)}" + (f"  [{how}]" if how else ""))
+    for index, reading in readings.items():  # the chunks a resolution policy dropped
+        print(f"  chunk {index + 1}: {reading['reason']}")
     return 0
 
 

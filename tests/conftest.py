@@ -59,4 +59,9 @@ def data(tmp_path):
     (folder / "squad.json").write_text(json.dumps(squad))
     (folder / "summ.jsonl").write_text(
         "".join(json.dumps({"article": t, "highlights": " ".join(t.split()[:3])}) + "\n" for t in texts))
+    # rag.json: two articles of five paragraphs, a question each whose answer is the paragraph's first word
+    rag = {"data": [{"title": f"a{a}", "paragraphs": [{"context": texts[5 * a + p], "qas": [
+        {"id": f"{a}-{p}", "question": f"Which word comes first in {' '.join(texts[5 * a + p].split()[1:4])}?",
+         "answers": [{"text": texts[5 * a + p].split()[0]}]}]} for p in range(5)]} for a in range(2)]}
+    (folder / "rag.json").write_text(json.dumps(rag))
     return folder

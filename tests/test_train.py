@@ -50,6 +50,8 @@ SOURCES = {
     "summarization": {"objective": "summarization", "path": "summ.jsonl"},
     "language_modeling": {"objective": "language_modeling", "path": "docs.jsonl"},
     "full_context": {"objective": "qa", "path": "squad.json", "full_context": True},
+    "rag_qa": {"objective": "rag_qa", "path": "rag.json", "split": None, "dev_split": None,
+               "readings": {"passages": 3, "whole_ratios": [2]}},
 }
 
 
@@ -478,3 +480,68 @@ def test_a_scorer_learning_rate_of_zero_keeps_the_scorer(data, tmp_path):
     after = snapshot(model)
     assert all(torch.equal(before[n], after[n]) for n in before if n.startswith("scorer."))
     assert any(not torch.equal(before[n], after[n]) for n in before if f".{DECODER}." in n and "lora_" in n)
+
+
+def rag_builder(data, **readings):
+    from nugget_rag.train.config import Lengths
+    from nugget_rag.train.data import ExampleBuilder, load_records
+
+    model = tiny_model()
+    rag = Source.model_validate({**source("rag_qa", data), "readings": {"passages": 3, **readings}})
+    builder = ExampleBuilder(rag, model.tokenizer, Lengths(**LENGTHS), model.max_positions, 4, 0, in_user_turn=True)
+    return model, builder, load_records(rag, None)
+
+
+def test_rag_examples_read_the_gold_whole_among_the_closest_distractors(data):
+    model, builder, records = rag_builder(data, whole_ratios=[1], skim_ratios=[5, 20], gold_compressed=0, no_gold=0)
+    out = builder(records[:10], [0])
+    tok = model.tokenizer
+    for i, docs in enumerate(out["documents"]):
+        gold = tok(records[i]["context"])["input_ids"][: LENGTHS["document"]]
+        assert len(docs) == 3 and gold in docs and out["teacher_documents"][i] == [gold]
+        same = {tuple(tok(r["context"])["input_ids"][: LENGTHS["document"]]) for r in records
+                if r["article"] == records[i]["article"]}
+        assert all(tuple(d) in same for d in docs)  # distractors from the gold's own article
+        readings = out["readings"][i]
+        assert readings[docs.index(gold)] == 1.0 and all(readings[j] in (5.0, 20.0)
+                                                           for j in range(3) if docs[j] != gold)
+
+
+def test_rag_examples_without_gold_answer_with_the_given_wording_and_a_compressed_gold_is_skimmed(data):
+    _, builder, records = rag_builder(data, no_gold=1.0, gold_compressed=0.0)
+    out = builder(records[:4], [0])
+    assert all(refs == ["The documents do not say."] for refs in out["references"])
+    assert all(not teacher for teacher in out["teacher_documents"])
+    _, builder, records = rag_builder(data, gold_compressed=1.0, no_gold=0.0, skim_ratios=[8])
+    assert all(r == [8.0, 8.0, 8.0] for r in builder(records[:4], [0])["readings"])
+
+
+def test_a_batch_reads_each_document_at_its_own_ratio(data):
+    from nugget_rag.train.data import collate
+
+    model, builder, records = rag_builder(data, whole_ratios=[1], skim_ratios=[5], gold_compressed=0, no_gold=0)
+    out = builder(records[:2], [0])
+    examples = [{c: out[c][i] for c in out} for i in range(2)]
+    batch = collate(examples, 0, model.tokenizer.pad_token_id)
+    with torch.no_grad():
+        states = loss.compress_batch(model, batch, Source.model_validate(source("rag_qa", data)))
+        for docs, readings, got in zip(batch.documents, batch.readings, states):
+            for doc, ratio, state in zip(docs, readings, got):
+                want = model.compress([doc], ratio=ratio, adapter=None if ratio == 1 else ENCODER)[0]
+                torch.testing.assert_close(state.keys, want.keys)
+                assert state.k == want.k
+
+
+def test_the_teacher_reads_the_gold_passage_alone(data):
+    from dataclasses import replace
+
+    from nugget_rag.train.data import collate
+    from nugget_rag.train.distill import Teacher
+
+    model, builder, records = rag_builder(data, gold_compressed=0, no_gold=0)
+    out = builder(records[:5], [0])
+    batch = collate([{c: out[c][i] for c in out} for i in range(2)], 0, model.tokenizer.pad_token_id)
+    gold_only = replace(batch, documents=batch.teacher_documents, teacher_documents=[[], []])
+    teacher = Teacher(model)
+    torch.testing.assert_close(teacher.target_logits(batch, False), teacher.target_logits(gold_only, False))
+    assert all(len(t) == 1 for t in batch.teacher_documents) and all(len(d) == 3 for d in batch.documents)

@@ -13,6 +13,36 @@ from ..config import NuggetConfig, StreamSettings
 Format = Literal["auto", "squad", "hotpotqa", "json", "jsonl", "parquet", "text", "hub"]
 
 
+class MixedReadings(BaseModel):
+    """rag_qa examples (RAFT-style): a question's gold passage among the same-article passages that match the question
+    best (BM25), each read at its own ratio drawn from small discrete sets (Semi-Dynamic). r = 1 reads a passage as
+    its text is read (the frozen model's key/values), as a resolution policy reads the passage it expands."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    passages: int = Field(4, ge=1, description="Passages per example: the gold one and the closest distractors.")
+    whole_ratios: list[float] = Field(default_factory=lambda: [1.0, 2.0], min_length=1,
+                                      description="Ratios the gold passage is read at (1: as text).")
+    skim_ratios: list[float] = Field(default_factory=lambda: [5.0, 10.0, 20.0], min_length=1,
+                                     description="Ratios the distractors (and a compressed gold) are read at.")
+    gold_compressed: float = Field(0.2, ge=0, le=1, description="Share of examples whose gold is skimmed too.")
+    no_gold: float = Field(0.1, ge=0, le=1, description="Share of examples without the gold passage.")
+    no_gold_answer: str = Field("The documents do not say.", min_length=1,
+                                description="The target when no passage holds the answer (SQuAD has no such "
+                                            "questions, so the answer is this wording).")
+
+    @field_validator("whole_ratios", "skim_ratios")
+    @classmethod
+    def _check_ratios(cls, value: list[float]) -> list[float]:
+        return [NuggetConfig(ratio=r).ratio for r in value]
+
+    @model_validator(mode="after")
+    def _check(self) -> MixedReadings:
+        if self.gold_compressed + self.no_gold > 1:
+            raise ValueError(f"gold_compressed {self.gold_compressed} + no_gold {self.no_gold} exceed 1")
+        return self
+
+
 class Source(BaseModel):
     """One data source feeding one objective."""
 
@@ -44,6 +74,7 @@ class Source(BaseModel):
                            "(qa and summarization).",
     )
     streaming: bool = Field(False, description="Stream records (corpora larger than memory; hub or local files).")
+    readings: MixedReadings = Field(default_factory=MixedReadings, description="rag_qa: how passages are read.")
 
     @field_validator("objective")
     @classmethod

@@ -42,7 +42,7 @@ from .objectives import OBJECTIVES, example, skip
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["documents", "prefix", "input_ids", "target_start", "references", "skip"]
+COLUMNS = ["documents", "prefix", "input_ids", "target_start", "references", "readings", "teacher_documents", "skip"]
 _SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text",
                    ".text": "text", ".md": "text", ".rst": "text"}
 _BUILDERS = {"json": "json", "jsonl": "json", "parquet": "parquet", "text": "text"}
@@ -188,23 +188,29 @@ class ExampleBuilder:
                     out[c].append(ex[c])
         return out
 
-    def state_positions(self, document_lengths: list[int]) -> int:
-        """Decoder positions the nuggets of documents of these lengths take (layout.compose)."""
+    def state_positions(self, document_lengths: list[int], readings: list[float] | None = None) -> int:
+        """Decoder positions the nuggets of documents of these lengths take (layout.compose), at the run's smallest
+        ratio or at each document's own."""
         if self.original_positions:
             return sum(document_lengths)
-        return sum(nugget_count(n, self.ratio) for n in document_lengths)
+        ratios = readings or [self.ratio] * len(document_lengths)
+        return sum(nugget_count(n, r) for n, r in zip(document_lengths, ratios))
 
     def ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
     def task(self, documents: list[str], instruction: str, answer: str, references: list[str],
-              extractive: bool = False) -> dict:
+              extractive: bool = False, readings: list[float] | None = None,
+              teacher_documents: list[str] | None = None) -> dict:
         """A (documents, prompt, answer) triple in NuggetLLM's prompt format; the loss covers the answer only.
 
         Documents are cut to `lengths.document` tokens; an extractive answer that the cut removed skips the
-        example. An answer cut to `lengths.answer` tokens gets no EOS (it does not end there)."""
+        example. An answer cut to `lengths.answer` tokens gets no EOS (it does not end there). `readings`: each
+        document's own ratio (example()); `teacher_documents`: what the teacher reads instead."""
         L = self.lengths
         full_ids = [self.ids(d) for d in documents]
+        if readings is not None and any(not d for d in full_ids):
+            return skip("empty document")
         doc_ids = [d[: L.document] for d in full_ids if d]
         if not doc_ids or sum(map(len, doc_ids)) < L.min_document:
             return skip("empty document")
@@ -221,14 +227,18 @@ class ExampleBuilder:
         else:
             prefix, prompt = prompt_around_documents(self.tok, [{"role": "user", "content": instruction}],
                                                      self.in_user_turn)
-        if len(prefix) + self.state_positions([len(d) for d in doc_ids]) + len(prompt) + len(answer_ids) > self.max_positions:
+        positions = self.state_positions([len(d) for d in doc_ids], readings if doc_ids else None)
+        if len(prefix) + positions + len(prompt) + len(answer_ids) > self.max_positions:
             return skip("too long for the model's positions")
-        return example(doc_ids, prompt + answer_ids, len(prompt), references, prefix)
+        teacher = [self.ids(d)[: L.document] for d in teacher_documents or []]
+        return example(doc_ids, prompt + answer_ids, len(prompt), references, prefix,
+                       readings if doc_ids else None, teacher)
 
 
 def teacher_length(example: dict) -> int:
     """Tokens of an example's uncompressed (teacher) input: prefix, every document's tokens, the decoder's tokens."""
-    return len(example["prefix"]) + sum(len(d) for d in example["documents"]) + len(example["input_ids"])
+    documents = example.get("teacher_documents") or example["documents"]
+    return len(example["prefix"]) + sum(len(d) for d in documents) + len(example["input_ids"])
 
 
 def build_examples(source: Source, split: str | None, builder: ExampleBuilder, cache_dir: Path | None):
@@ -337,6 +347,8 @@ class Batch:
     target_starts: list[int]
     prefixes: list[list[int]]
     ratio: float | None = None  # the compression ratio of this micro-batch (None: the model's)
+    readings: list[list[float]] = field(default_factory=list)  # per example, each document's own ratio ([]: ratio)
+    teacher_documents: list[list[list[int]]] = field(default_factory=list)  # per example ([]: its documents)
 
     @property
     def tokens(self) -> int:
@@ -364,7 +376,8 @@ class Batch:
             pieces.append(replace(self, documents=self.documents[rows], input_ids=self.input_ids[rows, :width],
                                   token_mask=self.token_mask[rows, :width], labels=self.labels[rows, :width],
                                   references=self.references[rows], target_starts=self.target_starts[rows],
-                                  prefixes=self.prefixes[rows]))
+                                  prefixes=self.prefixes[rows], readings=self.readings[rows],
+                                  teacher_documents=self.teacher_documents[rows]))
         return pieces
 
 
@@ -380,7 +393,8 @@ def collate(examples: list[dict], source: int, pad_id: int) -> Batch:
         labels[i, e["target_start"] : n] = ids[i, e["target_start"] : n]
     return Batch(source, [e["documents"] for e in examples], ids, mask, labels,
                  [e["references"] for e in examples], [e["target_start"] for e in examples],
-                 [e["prefix"] for e in examples])
+                 [e["prefix"] for e in examples], readings=[list(e.get("readings") or []) for e in examples],
+                 teacher_documents=[list(e.get("teacher_documents") or []) for e in examples])
 
 
 def example_length(example: dict) -> int:

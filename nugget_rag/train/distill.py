@@ -34,6 +34,7 @@ class Teacher:
         device = self.student.device
         rows, picks = [], []
         for b, (prefix, docs) in enumerate(zip(batch.prefixes, batch.documents)):
+            docs = batch.teacher_documents[b] if b < len(batch.teacher_documents) and batch.teacher_documents[b] else docs
             n = int(batch.token_mask[b].sum())
             head = list(prefix) + [t for doc in docs for t in doc]
             rows.append(head + batch.input_ids[b, :n].tolist())

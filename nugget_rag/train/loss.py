@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..autoregressive import NuggetStream
-from ..config import DECODER, StreamSettings
+from ..config import DECODER, ENCODER, StreamSettings
 from ..model import NuggetModel
 from .config import Distillation, Source
 from .data import Batch
@@ -19,12 +20,25 @@ from .objectives import OBJECTIVES, parts_of
 
 
 def compress_batch(model: NuggetModel, batch: Batch, source: Source) -> list[list]:
-    """The nuggets of every example's documents (none for the full-context reference), in one encoder batch, at
-    the batch's ratio."""
+    """The nuggets of every example's documents (none for the full-context reference), at the batch's ratio in one
+    encoder batch, or at each document's own reading (one encoder batch per ratio; r = 1 is the frozen model's
+    key/values of the text, as a resolution policy reads a passage whole)."""
     if source.full_context:
         return [[] for _ in batch.documents]
-    states = iter(model.compress([doc for docs in batch.documents for doc in docs], ratio=batch.ratio))
-    return [[next(states) for _ in docs] for docs in batch.documents]
+    if not any(batch.readings):
+        states = iter(model.compress([doc for docs in batch.documents for doc in docs], ratio=batch.ratio))
+        return [[next(states) for _ in docs] for docs in batch.documents]
+    wanted = [(b, d, ratios[d] if ratios else batch.ratio) for b, (docs, ratios) in
+              enumerate(zip(batch.documents, batch.readings)) for d in range(len(docs))]
+    found = {}
+    for ratio in dict.fromkeys(r for _, _, r in wanted):
+        picked = [(b, d) for b, d, r in wanted if r == ratio]
+        as_text = ratio == 1
+        with torch.no_grad() if as_text else nullcontext():
+            states = model.compress([batch.documents[b][d] for b, d in picked], ratio=ratio,
+                                    adapter=None if as_text else ENCODER)
+        found.update(zip(picked, states))
+    return [[found[b, d] for d in range(len(docs))] for b, docs in enumerate(batch.documents)]
 
 
 def stream_batch(model: NuggetModel, batch: Batch, settings: StreamSettings) -> tuple[Batch, torch.Tensor, torch.Tensor]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -189,6 +190,56 @@ class QuestionAnswering(PromptedTask):
         return {"accuracy": round(100 * sum(correct) / len(correct), 2)}
 
 
+@register("rag_qa")
+class RetrievedQuestionAnswering(PromptedTask):
+    """A question's gold passage among its hardest same-article distractors (BM25 against the question, among the
+    map batch's records), in that order, each read at its own ratio (`Source.readings`): the gold mostly whole beside
+    skimmed distractors, sometimes skimmed too, sometimes absent (the target is then `no_gold_answer`). The teacher
+    of distillation reads the gold passage alone as text (without one: the passages the student reads)."""
+
+    generate_tokens = 64
+
+    def fields(self, source):
+        return [("context",), ("question",), ("answers",), ("article",)]
+
+    def positions(self, builder):
+        L = builder.lengths
+        return builder.source.readings.passages * L.document + L.answer + 64
+
+    def build(self, builder, row, rows, rng):
+        settings = builder.source.readings
+        gold, question, answers = row["context"], row["question"], [str(a) for a in row["answers"] if str(a).strip()]
+        if not answers:
+            return [skip("no answer")]
+        same = sorted({r["context"] for r in rows if r["article"] == row["article"]} - {gold})
+        from rank_bm25 import BM25Okapi
+
+        words = [re.findall(r"\w+", p.lower()) or [""] for p in [gold, *same]]
+        scores = BM25Okapi(words).get_scores(re.findall(r"\w+", question.lower()))
+        ranked = sorted(range(len(words)), key=lambda i: -scores[i])  # retriever order, the gold among them
+        u = rng.random()
+        if u < settings.no_gold:
+            chosen = [i for i in ranked if i != 0][: settings.passages]
+            if not chosen:
+                return [skip("no distractor passage")]
+            docs = [[gold, *same][i] for i in chosen]
+            readings = [rng.choice(settings.skim_ratios) for _ in docs]
+            return [builder.task(docs, render_instruction(QA_PROMPT, question), settings.no_gold_answer,
+                                 [settings.no_gold_answer], readings=readings)]
+        chosen = ranked[: settings.passages] if 0 in ranked[: settings.passages] else [*ranked[: settings.passages - 1], 0]
+        chosen = sorted(chosen, key=ranked.index)
+        docs = [[gold, *same][i] for i in chosen]
+        gold_ratio = rng.choice(settings.skim_ratios if u < settings.no_gold + settings.gold_compressed
+                                else settings.whole_ratios)
+        readings = [gold_ratio if i == 0 else rng.choice(settings.skim_ratios) for i in chosen]
+        return [builder.task(docs, render_instruction(QA_PROMPT, question), answers[0], answers, extractive=True,
+                             readings=readings, teacher_documents=[gold])]
+
+    def score(self, outputs, references):
+        correct = [answer_correct(o, r) for o, r in zip(outputs, references)]
+        return {"accuracy": round(100 * sum(correct) / len(correct), 2)}
+
+
 @register("summarization")
 class Summarization(PromptedTask):
     """(article, summary instruction, summary), as CNN/DailyMail."""
@@ -211,13 +262,18 @@ class Summarization(PromptedTask):
 
 # ------------------------------------------------------------------ example shapes (data.py describes them)
 def example(documents: list[list[int]], input_ids: list[int], target_start: int, references: list[str],
-            prefix: list[int] | None = None) -> dict:
+            prefix: list[int] | None = None, readings: list[float] | None = None,
+            teacher_documents: list[list[int]] | None = None) -> dict:
+    """`readings`: each document's own ratio (1: as text; [] = the batch's ratio for all); `teacher_documents`: what
+    the distillation teacher reads instead of the documents ([] = the documents)."""
     return {"documents": documents, "prefix": prefix or [], "input_ids": input_ids, "target_start": target_start,
-            "references": references, "skip": ""}
+            "references": references, "readings": readings or [], "teacher_documents": teacher_documents or [],
+            "skip": ""}
 
 
 def skip(reason: str) -> dict:
-    return {"documents": [], "prefix": [], "input_ids": [], "target_start": 0, "references": [], "skip": reason}
+    return {"documents": [], "prefix": [], "input_ids": [], "target_start": 0, "references": [], "readings": [],
+            "teacher_documents": [], "skip": reason}
 
 
 def cut(ids: list[int], pieces: int) -> list[list[int]]:
