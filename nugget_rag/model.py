@@ -79,7 +79,7 @@ class NuggetModel(nn.Module):
         self.soft_prompt.data = self.soft_prompt.data.to(param.device, param.dtype)
         # Adapter switches are global: one pass at a time. A plain Lock, since a stream may resume in another thread.
         self.lock = threading.Lock()
-        self._weights_digest: tuple[tuple | None, str] = (None, "")  # (what it hashed, its sha256)
+        self._weights_digests: dict[str | None, tuple[tuple, str]] = {}  # adapter -> (what it hashed, its sha256)
         self.prefix_cache = PrefixCache(PREFIX_CACHE_SIZE)
         self._int8_head: tuple[tuple | None, Int8Linear | None] = (None, None)  # (weights it was built from, layer)
         self.set_trainable()
@@ -203,9 +203,9 @@ class NuggetModel(nn.Module):
         # Hashing every weight costs a device-to-host copy; redo it only when a weight changed in place
         # (an optimiser step, a load) or was replaced, which version counters, ids and storage pointers tell.
         stamp = (adapter, weights_version(p for _, p in named))
-        cached = self._weights_digest  # one read: another thread may replace it meanwhile
-        if cached[0] != stamp:
-            cached = self._weights_digest = (stamp, ckpt.weights_digest(named))
+        cached = self._weights_digests.get(adapter)  # one read: another thread may replace it meanwhile
+        if cached is None or cached[0] != stamp:
+            cached = self._weights_digests[adapter] = (stamp, ckpt.weights_digest(named))
         identity = [self._base_digest, ratio, self.config.scorer_layer, str(self.dtype), adapter, segment_tokens,
                     self.config.lora.model_dump(mode="json") if adapter else None, cached[1]]
         identity += [self.document_opening] if self.document_opening else []
