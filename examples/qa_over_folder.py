@@ -26,6 +26,7 @@ from nugget_rag.integrations import (
     minilm_embeddings,
     source_label,
 )
+from nugget_rag.resolution import POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "python-3.11-docs.jsonl"
@@ -62,6 +63,9 @@ def main() -> int:
     add_checkpoint_option(parser)
     parser.add_argument("-k", type=int, default=3, help="chunks read per question")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--resolution", choices=["default", "uniform", *POLICIES], default="default",
+                        help="how finely each chunk is read: the best measured policy (default), all at the index's "
+                             "ratio (uniform), or a policy of nugget_rag.resolution")
     args = parser.parse_args()
 
     if not args.path.exists():
@@ -81,16 +85,18 @@ def main() -> int:
           f"index and nuggets in {args.index}\n")
 
     llm = NuggetLLM(compressor=index.compressor, max_new_tokens=args.max_new_tokens)
-    chain = build_qa_chain(index, llm, k=args.k)
+    resolution = {"default": "default", "uniform": None}.get(args.resolution) or POLICIES[args.resolution]()
+    chain = build_qa_chain(index, llm, k=args.k, resolution=resolution)
     for question in args.question or DEFAULT_QUESTIONS:
         print(f"Q: {question}\nA: ", end="", flush=True)
         answer = None
         for chunk in chain.stream(question):
             print(chunk.content, end="", flush=True)
             answer = chunk if answer is None else answer + chunk
+        readings = {r["index"]: r["reason"] for r in answer.response_metadata.get("resolution", [])}
         print("\nSources:")
         for meta in answer.response_metadata["sources"]:
-            print(f"  {source_label(meta)}")
+            print(f"  {source_label(meta)}" + (f"  [{readings[meta['index']]}]" if meta["index"] in readings else ""))
         print()
     return 0
 
