@@ -198,6 +198,7 @@ class RetrievedQuestionAnswering(PromptedTask):
     of distillation reads the gold passage alone as text (without one: the passages the student reads)."""
 
     generate_tokens = 64
+    full_context = False  # its point is reading at mixed resolutions
 
     def fields(self, source):
         return [("context",), ("question",), ("answers",), ("article",)]
