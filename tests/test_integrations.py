@@ -238,9 +238,13 @@ def test_qa_chain_answers_with_sources(index):
     expected = [d.metadata["source"] for d in index.as_retriever(k=2).invoke(question)]
     message = build_qa_chain(index, llm, k=2).invoke(question)
     assert isinstance(message, AIMessage) and message.content
-    assert [s["source"] for s in message.response_metadata["sources"]] == expected
+    read = [s["source"] for s in message.response_metadata["sources"]]
+    assert read[0] in expected and len(read) == message.response_metadata["n_documents"] == 1  # the default policy
+    assert [r["index"] for r in message.response_metadata["resolution"]] == [0, 1]
     assert all("nuggets" not in s for s in message.response_metadata["sources"])
-    assert message.response_metadata["n_documents"] == 2
+    uniform = build_qa_chain(index, llm, k=2, resolution=None).invoke(question)
+    assert [s["source"] for s in uniform.response_metadata["sources"]] == expected
+    assert uniform.response_metadata["n_documents"] == 2 and "resolution" not in uniform.response_metadata
     text = build_qa_chain(index.as_retriever(k=2), llm, as_text=True).invoke(question)
     assert text == message.content  # greedy: the same answer
 
