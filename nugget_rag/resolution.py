@@ -163,8 +163,7 @@ class LexicalRerank(ResolutionPolicy):
             from rank_bm25 import BM25Okapi
         except ImportError as err:
             raise ImportError("LexicalRerank needs rank-bm25: pip install 'nugget-rag[retrieval]'") from err
-        words = [_words(t) or [""] for t in texts]
-        return BM25Okapi(words).get_scores(_words(question)).tolist()
+        return BM25Okapi([words(t) or [""] for t in texts]).get_scores(words(question)).tolist()
 
 
 class QueryLikelihood(ResolutionPolicy):
@@ -196,7 +195,8 @@ class QueryLikelihood(ResolutionPolicy):
         return logp.gather(-1, target).squeeze(-1).mean(-1).tolist()
 
 
-def _words(text: str) -> list[str]:
+def words(text: str) -> list[str]:
+    """Lowercased word tokens, as BM25 reads a text."""
     return re.findall(r"\w+", text.lower())
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from ..metrics import answer_correct, bleu, rouge
 from ..prompts import QA_PROMPT, SUMMARY_PROMPT, render_instruction
+from ..resolution import words
 
 if TYPE_CHECKING:
     from .config import Source
@@ -215,9 +215,9 @@ class RetrievedQuestionAnswering(PromptedTask):
         same = sorted({r["context"] for r in rows if r["article"] == row["article"]} - {gold})
         from rank_bm25 import BM25Okapi
 
-        words = [re.findall(r"\w+", p.lower()) or [""] for p in [gold, *same]]
-        scores = BM25Okapi(words).get_scores(re.findall(r"\w+", question.lower()))
-        ranked = sorted(range(len(words)), key=lambda i: -scores[i])  # retriever order, the gold among them
+        passages = [words(p) or [""] for p in [gold, *same]]
+        scores = BM25Okapi(passages).get_scores(words(question))
+        ranked = sorted(range(len(passages)), key=lambda i: -scores[i])  # retriever order, the gold among them
         u = rng.random()
         if u < settings.no_gold:
             chosen = [i for i in ranked if i != 0][: settings.passages]
