@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from langchain_core.documents import Document
 
@@ -19,26 +20,56 @@ class DocumentLoadError(ValueError):
     """A path that does not exist or a file that cannot be read as text / JSONL."""
 
 
+class LoadReport(NamedTuple):
+    """The documents read, and each file skipped with the reason (empty, not UTF-8, unreadable, bad JSONL)."""
+
+    documents: list[Document]
+    skipped: dict[str, str]
+
+
 def load_documents(paths: Sequence[str | Path]) -> list[Document]:
     """Documents from files (any UTF-8 text), folders (their text files, recursively) and JSONL files.
 
     A JSONL line is an object with a "text" field and optional "id", "title", "source"; the "id" (else
-    "source", else file:line) becomes the document's source. Missing paths are all named in one error.
+    "source", else file:line) becomes the document's source. Missing paths are all named in one error, and so is
+    the first file that cannot be read; empty files are skipped with a warning.
     """
+    docs: list[Document] = []
+    for path in _files(paths):
+        docs.extend(_load_file(path))
+    return docs
+
+
+def read_documents(paths: Sequence[str | Path]) -> LoadReport:
+    """`load_documents`, but a file that is empty or cannot be read is skipped and named in the report, and the rest
+    is read; missing paths are still one error, before anything is read."""
+    docs: list[Document] = []
+    skipped: dict[str, str] = {}
+    for path in _files(paths):
+        try:
+            found = list(_load_file(path))
+        except (DocumentLoadError, OSError, UnicodeDecodeError) as err:
+            skipped[str(path)] = str(err)
+            continue
+        if not found:
+            skipped[str(path)] = "empty"
+        docs.extend(found)
+    return LoadReport(docs, skipped)
+
+
+def _files(paths: Sequence[str | Path]) -> Iterator[Path]:
+    """The files `paths` name: each file, and the text and JSONL files of each folder (recursively, sorted)."""
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         raise DocumentLoadError(f"no such file or directory: {', '.join(missing)}")
-    docs: list[Document] = []
     for path in map(Path, paths):
         if path.is_dir():
             files = sorted(f for f in path.rglob("*") if f.is_file() and not _hidden(f.relative_to(path)))
             kept = [f for f in files if f.suffix.lower() in JSONL_SUFFIXES or _looks_like_text(f)]
             log.info("%s: %d text files of %d", path, len(kept), len(files))
-            for f in kept:
-                docs.extend(_load_file(f))
+            yield from kept
         else:
-            docs.extend(_load_file(path))
-    return docs
+            yield path
 
 
 def _load_file(path: Path) -> Iterator[Document]:
