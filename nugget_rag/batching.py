@@ -3,7 +3,8 @@ decoded as one batch, one forward pass per step for all of them. A batch takes t
 `wait_s`, and, while the previous batch of those settings still decodes, every request that arrives until it ends.
 Decoding a small model is bound by reading its weights, so a batch of 8 costs little more per step than one.
 A row whose request is cancelled (its consumer stopped reading, or `for_request`'s `stop` says so) leaves its batch at
-the next step, and a batch whose rows have all left stops."""
+the next step: the batch's later forward passes no longer include it, as they no longer include a finished row. A
+batch whose rows have all left stops."""
 
 from __future__ import annotations
 
@@ -134,9 +135,9 @@ class BatchedGenerator:
     def _decode(self, rows: list[_Row], batch: _Batch) -> None:
         """Decode the rows together; raises only where no row has had a step yet (bad input), else hands the error
         to every row still running."""
-        live, started = set(range(len(rows))), False
+        live, gone, started = set(range(len(rows))), set(), False
         steps = generation_steps(self.model, [r.states for r in rows], [r.prompt for r in rows], batch.settings,
-                                 adapter=batch.adapter, prefixes=[r.prefix for r in rows])
+                                 adapter=batch.adapter, prefixes=[r.prefix for r in rows], leave=gone)
         try:
             for pieces, done in steps:
                 started = True
@@ -145,9 +146,10 @@ class BatchedGenerator:
                     if done[i]:
                         rows[i].out.put(_END)
                         live.discard(i)
-                for i in [i for i in live if rows[i].left]:
+                for i in [i for i in live if rows[i].left]:  # the next step decodes it no more
                     rows[i].leave()
                     live.discard(i)
+                    gone.add(i)
                 if not live:
                     break
         except Exception as err:

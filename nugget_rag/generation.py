@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -126,8 +127,14 @@ def generation_steps(
     soft_prompt: bool = False,
     adapter: str | None = DECODER,
     prefixes: Sequence[Sequence[int] | None] | None = None,
+    leave: Collection[int] = (),
 ) -> Iterator[tuple[list[str], list[bool]]]:
-    """`stream_generate`'s steps, each with whether every row is finished (that step's text is its last)."""
+    """`stream_generate`'s steps, each with whether every row is finished (that step's text is its last).
+
+    A finished row leaves the batch: later steps decode only the others. So does a row whose index the caller has
+    put in `leave` (its request was cancelled) by the time it asks for the next step; its text is '' from then on.
+    The steps end once no row is left to decode.
+    """
     settings = settings or GenerationSettings()
     if len(samples) != len(prompts):
         raise ValueError(f"got {len(samples)} document lists for {len(prompts)} prompts")
@@ -150,6 +157,7 @@ def generation_steps(
     positions = decoder_positions(layout.next_positions, token_mask)
     prefilled = prefill_nuggets(layout, token_mask)
     cache = DynamicCache() if prefilled is None else prefilled[0]
+    active = list(range(len(prompts)))  # the rows still decoded, by their index in the batch
     for step in range(steps):
         # The model is shared: `run` holds it for one step, never across a yield, so that other calls (another
         # stream, a compression) interleave with a paused stream instead of waiting for it. The KV cache is ours.
@@ -166,22 +174,34 @@ def generation_steps(
         tokens = next_token(logits, settings, generator)
         if processors:  # only the repetition settings need the history
             generated = torch.cat([generated, tokens[:, None]], dim=1)
-        pieces = []
-        for tracker, token in zip(trackers, tokens.tolist()):
-            if tracker.done:
-                pieces.append("")
-            elif token in eos:
-                pieces.append(tracker.finish())
+        pieces = [""] * len(prompts)
+        for i, token in zip(active, tokens.tolist()):
+            tracker = trackers[i]
+            if token in eos:
+                pieces[i] = tracker.finish()
                 tracker.done = True
             else:
-                pieces.append(tracker.add(token))
-        if step == steps - 1 or all(t.done for t in trackers):
-            pieces = [p + t.finish() for p, t in zip(pieces, trackers)]
-            yield pieces, [True] * len(trackers)
-            return
+                pieces[i] = tracker.add(token)
+            if step == steps - 1:
+                pieces[i] += tracker.finish()
+                tracker.done = True
         yield pieces, [t.done for t in trackers]
+        keep = [j for j, i in enumerate(active) if not trackers[i].done and i not in leave]
+        if not keep:
+            return
+        if len(keep) < len(active):  # rows left: the next steps decode only the others
+            active = [active[j] for j in keep]
+            rows = torch.tensor(keep, device=model.device)
+            tokens, token_mask, positions, generated = tokens[rows], token_mask[rows], positions[rows], generated[rows]
+            cache.batch_select_indices(rows)
+            if prefilled is None:
+                layout = dataclasses.replace(layout, keys=layout.keys[:, rows], values=layout.values[:, rows],
+                                             bias=layout.bias[rows], counts=layout.counts[rows],
+                                             next_positions=layout.next_positions[rows])
+            else:
+                prefilled = cache, prefilled[1][rows]
         embeds = model.llama.get_input_embeddings()(tokens[:, None])
-        token_mask = torch.cat([token_mask, token_mask.new_ones(len(prompts), 1)], dim=1)
+        token_mask = torch.cat([token_mask, token_mask.new_ones(len(active), 1)], dim=1)
         positions = positions[:, -1:] + 1
 
 

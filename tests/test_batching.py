@@ -1,12 +1,14 @@
 """Batched decoding of concurrent requests on the tiny model."""
 
+import itertools
 import threading
 
 import pytest
 import torch
 
+from nugget_rag import generation
 from nugget_rag.batching import BatchedGenerator, RequestCancelled
-from nugget_rag.generation import GenerationSettings, generate
+from nugget_rag.generation import GenerationSettings, eos_ids, generate, generation_steps
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.",
          "A stitch in time saves nine.", "Water boils at one hundred degrees."]
@@ -83,6 +85,61 @@ def test_a_cancelled_request_leaves_its_batch_at_the_next_step(setup):
         list(waiting)
     assert "".join(other) == generate(model, [[states[1]]], [prompts[1]], GenerationSettings(max_new_tokens=4))[0]
     assert batcher.batch_sizes == [1, 1]  # the waiting row never decoded
+
+
+@pytest.fixture
+def widths(setup, monkeypatch) -> list[int]:
+    """The rows of every decoding pass of the setup's model (not those computing states)."""
+    model, seen = setup[0], []
+    run = model.run
+
+    def counted(*args, **kwargs):
+        if "inputs_embeds" in kwargs:
+            seen.append(kwargs["inputs_embeds"].shape[0])
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(model, "run", counted)
+    return seen
+
+
+def test_a_cancelled_row_costs_no_forward_pass_after_it_leaves(setup, widths):
+    model, states, prompts = setup
+    settings = GenerationSettings(max_new_tokens=12)
+    batcher = BatchedGenerator(model, max_batch=8, wait_s=0.2)
+    cancelled = batcher.for_request(lambda: len(widths) >= 3).stream([states[0]], prompts[0], settings)  # 3 steps
+    other = batcher.stream([states[1]], prompts[1], settings)
+    assert "".join(other) == generate(model, [[states[1]]], [prompts[1]], settings)[0]
+    with pytest.raises(RequestCancelled):
+        list(cancelled)
+    decoded = widths[:len(widths) - 1]  # the last pass: generate's, alone
+    assert decoded[:3] == [2, 2, 2] and set(decoded[3:]) == {1}, decoded  # not 2 until the batch ends
+
+
+@pytest.mark.parametrize("with_states", [True, False])  # without: the nuggets are read through the layout's mask
+def test_rows_that_finish_or_leave_drop_out_of_the_batch(setup, widths, monkeypatch, with_states):
+    model, states, prompts = setup
+    settings = GenerationSettings(max_new_tokens=6)
+    eos, real, steps = min(eos_ids(model)), generation.next_token, itertools.count()
+
+    def row_0_ends_at_step_1(logits, settings, generator):
+        tokens = real(logits, settings, generator)
+        if next(steps) == 1:
+            tokens[0] = eos
+        return tokens
+
+    monkeypatch.setattr(generation, "next_token", row_0_ends_at_step_1)
+    samples = [[states[0]], [states[1]], [states[2]]] if with_states else [[states[0]], [], [states[2]]]
+    leave: set[int] = set()
+    texts, ends = ["", "", ""], []
+    for step, (pieces, done) in enumerate(generation_steps(model, samples, prompts[:3], settings, leave=leave)):
+        texts = [t + p for t, p in zip(texts, pieces)]
+        ends.append(done)
+        if step == 2:
+            leave.add(1)  # cancelled after its third step
+    assert widths == [3, 3, 2, 1, 1, 1] and ends[1] == [True, False, False] and ends[-1][2]
+    monkeypatch.setattr(generation, "next_token", real)
+    alone = generate(model, [samples[2]], [prompts[2]], settings)[0]
+    assert texts[2] == alone  # the rows around it left without changing its answer
 
 
 def test_a_bad_row_fails_alone(setup):
