@@ -90,11 +90,13 @@ def one_batch_per_source(trainer: Trainer) -> Iterator[tuple[str, Batch]]:
             yield name, batch
 
 
-def micro_batch_trainer(recipe: dict, batch_size: int, out: Path) -> Trainer:
-    """A Trainer of the recipe at `batch_size` that draws micro-batches and runs the loss, nothing else, in train mode."""
+def micro_batch_trainer(recipe: dict, batch_size: int, out: Path, attention: str = "auto") -> Trainer:
+    """A Trainer of the recipe at `batch_size` that draws micro-batches and runs the loss, nothing else, in train mode;
+    `attention` is TrainConfig.attention."""
     config = TrainConfig.model_validate(recipe | {
         "output_dir": str(out / f"b{batch_size}"), "batch_size": batch_size, "grad_accum": 1, "max_steps": 1,
-        "scorer_warm_start": {"steps": 0}, "eval_every": 0, "eval_examples": 1, "eval_generate": 0})
+        "scorer_warm_start": {"steps": 0}, "eval_every": 0, "eval_examples": 1, "eval_generate": 0,
+        "attention": attention})
     trainer = Trainer(config)
     trainer.model.train()
     return trainer

@@ -4,6 +4,7 @@ the kernels' total time over the wall time. Near 1, the kernels themselves are s
 below, the GPU waits on the host.
 
     python benchmarks/step_profile.py --batch-size 64          # on a GPU, one call: about a minute
+    python benchmarks/step_profile.py --batch-size 64 --attention reference --sources 2
     python benchmarks/step_profile.py --batch-size 4 --threads 2
 
 Each source's micro-batch runs `--warmup` times unprofiled first (allocator, cuBLAS and autotuning settle), then
@@ -37,12 +38,12 @@ def _sync(device: torch.device) -> None:
 
 def profile_sources(recipe: dict, args, out: Path) -> tuple[list[dict], list[dict]]:
     """Per source: wall, device and per-part times of one micro-batch; and the top operations over all sources."""
-    trainer = micro_batch_trainer(recipe, args.batch_size, out)
+    trainer = micro_batch_trainer(recipe, args.batch_size, out, args.attention)
     device = trainer.model.device
     gpu = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     rows, ops = [], {}
-    for name, batch in one_batch_per_source(trainer):
+    for name, batch in list(one_batch_per_source(trainer))[: args.sources]:
         def step():
             trainer.loss(batch).backward()
             trainer.optimizer.zero_grad(set_to_none=True)
@@ -80,6 +81,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--attention", choices=["auto", "reference", "fused"], default="auto",
+                        help="the decoder's attention (TrainConfig.attention)")
+    parser.add_argument("--sources", type=int, help="profile only the first N sources (default: all)")
     parser.add_argument("--name", default="step-profile")
     args = parser.parse_args()
     if args.threads:
@@ -92,7 +96,8 @@ def main() -> None:
     parts = [p for p in PARTS if any(p in r for r in rows)]
     total = sum(o["seconds"] for o in top) or 1.0
     lines = [f"# Where a training micro-batch's time goes ({date.today()})", "",
-             f"`python {shlex.join(sys.argv)}` on {device}, torch {torch.__version__}; {args.config}.", "",
+             f"`python {shlex.join(sys.argv)}` on {device}, torch {torch.__version__}; {args.config}; "
+             f"attention {args.attention}.", "",
              f"Per source, one forward + backward; parts in {clock} seconds (nested: the encoder includes the "
              "Scorer, the decoder the prompt prefix).", "",
              "| source | batch | tokens | wall s | tokens/s | kernel s | GPU busy | " + " | ".join(parts) + " |",

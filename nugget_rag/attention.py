@@ -9,7 +9,9 @@ single code path serve training and generation:
 - ``ReadNuggets`` (decoder pass): each layer's nugget keys/values are put before the decoder's own, under one
   additive float mask. On nugget columns the mask holds ``s - s.detach()`` (paper Eq. 18): zero in the
   forward pass, and the gradient of every attention logit on a nugget key, in every layer and head, flows to
-  the Scorer's score ``s``.
+  the Scorer's score ``s``. This is the reference path.
+- ``BiasChannelNuggets`` (training's decoder pass on CUDA): the same attention without a float mask, so that SDPA
+  runs its fused kernels; the bias rides in one extra query/key channel.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
@@ -40,6 +43,11 @@ class CaptureNuggets:
         self.keys[layer] = key.gather(2, index)
         self.values[layer] = value.gather(2, index)
         return key, value, None
+
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
+               dropout: float) -> torch.Tensor:
+        key, value, _ = self.extend(layer, key, value, query.shape[2])
+        return _sdpa(query, key, value, None, scale, dropout)  # plain causal attention over the document alone
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values as [layers, batch, kv_heads, k, head_dim]."""
@@ -65,6 +73,11 @@ class ReadNuggets:
         key = torch.cat([self.keys[layer].to(key.dtype), key], dim=2)
         value = torch.cat([self.values[layer].to(value.dtype), value], dim=2)
         return key, value, self.mask.to(key.dtype)
+
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
+               dropout: float) -> torch.Tensor:
+        key, value, mask = self.extend(layer, key, value, query.shape[2])
+        return _sdpa(query, key, value, mask, scale, dropout)
 
     @staticmethod
     def _build_mask(nugget_bias: torch.Tensor, token_mask: torch.Tensor, query_len: int, dtype: torch.dtype):
@@ -93,6 +106,61 @@ class ReadAndRecord(ReadNuggets):
         return super().extend(layer, key, value, query_len)
 
 
+class BiasChannelNuggets(ReadNuggets):
+    """ReadNuggets without a float mask, so that SDPA can pick a fused kernel (flash, cuDNN or memory-efficient) with
+    grouped heads; the float mask that requires grad gets none of them. Same output on every real token, same gradients.
+
+    The Eq. 18 bias rides in one extra channel: every query gets 1/scale there, nugget key j gets b_j, token keys
+    and values get 0, so each logit on a nugget key gains exactly b_j (zero forward) and its gradient reaches b_j.
+    Causality is SDPA's lower-right causal mask; a padded nugget gets `PADDING_BIAS`, finite, never -inf. Needs
+    the decoder's tokens right-padded (a padding row then sees only what is before it, never a real row) and run in
+    one pass: training's decoder forward (`fits`).
+    """
+
+    PADDING_BIAS = -30_000.0  # softmax weight 0 in float32 and bfloat16, and within float16's range
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, nugget_bias: torch.Tensor,
+                 token_mask: torch.Tensor, query_len: int):
+        if not self.fits(token_mask, query_len):
+            raise ValueError("BiasChannelNuggets needs right-padded tokens run in one pass; use ReadNuggets")
+        padding = torch.isneginf(nugget_bias)
+        if not torch.isfinite(nugget_bias[~padding]).all():
+            raise ValueError("a nugget's attention bias is not finite (NaN or inf): the Scorer's scores are; check "
+                             "the Scorer's weights and inputs")
+        self.keys, self.values = keys, values
+        self.channel = nugget_bias.masked_fill(padding, self.PADDING_BIAS)[:, None, :, None]  # [batch, 1, K, 1]
+
+    @staticmethod
+    def fits(token_mask: torch.Tensor, query_len: int) -> bool:
+        """Whether tokens with `token_mask` ([batch, seen]) are right-padded (or not padded) and all run now."""
+        return query_len == token_mask.shape[1] and bool((token_mask[:, 1:] <= token_mask[:, :-1]).all())
+
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
+               dropout: float) -> torch.Tensor:
+        nugget_keys = self.keys[layer].to(key.dtype)
+        bias = self.channel.to(key.dtype).expand(-1, nugget_keys.shape[1], -1, -1)
+        key = torch.cat([torch.cat([nugget_keys, bias], dim=-1), F.pad(key, (0, 1))], dim=2)
+        value = F.pad(torch.cat([self.values[layer].to(value.dtype), value], dim=2), (0, 1))
+        query = torch.cat([query, query.new_full((*query.shape[:-1], 1), 1 / scale)], dim=-1)
+        seen, rows = key.shape[2], query.shape[2]
+        if query.device.type == "cuda":  # the fused kernels take lower-right causality as a flag
+            mask = causal_lower_right(rows, seen)
+            groups = query.shape[1] // key.shape[1]
+            if groups > 1 and not flash_takes_groups(query, key, value):
+                key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        else:  # CPU kernels take a boolean mask (no grad)
+            mask = torch.ones(rows, seen, dtype=torch.bool, device=query.device).tril(seen - rows)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale,
+                                             enable_gqa=query.shape[1] != key.shape[1])
+        return out[..., :-1]
+
+
+def flash_takes_groups(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether CUDA's flash kernel runs these grouped heads; the other fused kernels need them repeated."""
+    params = torch.backends.cuda.SDPAParams(query, key, value, None, 0.0, False, True)
+    return torch.backends.cuda.can_use_flash_attention(params)
+
+
 def nugget_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -112,21 +180,19 @@ def nugget_attention(
     if nuggets is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    key, value, mask = nuggets.extend(module.layer_idx, key, value, query.shape[2])
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    out = nuggets.attend(module.layer_idx, query, key, value, scale, dropout)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float,
+          dropout: float) -> torch.Tensor:
+    """SDPA over grouped heads: under `mask`, or causal without one."""
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and mask is not None and repeat_masked_gqa(query.device):
         key, value, groups = repeat_kv(key, groups), repeat_kv(value, groups), 1
-    out = F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=mask,
-        dropout_p=dropout,
-        is_causal=mask is None,  # an encoder pass: plain causal attention over the document alone
-        scale=scaling,
-        enable_gqa=groups > 1,
-    )
-    return out.transpose(1, 2).contiguous(), None
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
+                                          scale=scale, enable_gqa=groups > 1)
 
 
 def repeat_masked_gqa(device: torch.device) -> bool:

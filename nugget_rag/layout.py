@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from .attention import ReadNuggets, rotate_keys
+from .attention import BiasChannelNuggets, ReadNuggets, rotate_keys
 from .prompts import chat_text, chat_token_ids
 from .state import NuggetState
 
@@ -138,8 +138,11 @@ class NuggetLayout:
     counts: torch.Tensor  # [batch]: real nuggets per sample
     next_positions: torch.Tensor  # [batch]: the position of each sample's first token after its states
 
-    def reader(self, token_mask: torch.Tensor, query_len: int) -> ReadNuggets:
-        return ReadNuggets(self.keys, self.values, self.bias, token_mask, query_len)
+    def reader(self, token_mask: torch.Tensor, query_len: int, fused: bool = False) -> ReadNuggets:
+        """What the decoder's `query_len` last tokens of `token_mask` attend to the nuggets through: without a float
+        mask when `fused` and the tokens allow it (`BiasChannelNuggets.fits`), else under one."""
+        fits = fused and BiasChannelNuggets.fits(token_mask, query_len)
+        return (BiasChannelNuggets if fits else ReadNuggets)(self.keys, self.values, self.bias, token_mask, query_len)
 
 
 def no_states(config, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

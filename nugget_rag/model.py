@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +82,9 @@ class NuggetModel(nn.Module):
         self._weights_digests: dict[str | None, tuple[tuple, str]] = {}  # adapter -> (what it hashed, its sha256)
         self.prefix_cache = PrefixCache(PREFIX_CACHE_SIZE)
         self._int8_head: tuple[tuple | None, Int8Linear | None] = (None, None)  # (weights it was built from, layer)
+        # How decoder passes that fit it (right-padded, one pass: training) attend to nuggets: "fused" without a float
+        # mask (attention.BiasChannelNuggets), "reference" under one, "auto" fused on CUDA.
+        self.attention: Literal["auto", "fused", "reference"] = "auto"
         self.set_trainable()
         self.eval()
 
@@ -376,7 +379,8 @@ class NuggetModel(nn.Module):
         layout = self.layout(samples, prefixes, adapter)
         embeds, full_mask = self.embed(input_ids, token_mask, soft_prompt)
         self.check_positions(int(layout.next_positions.max()), embeds.shape[1])
-        hidden = self.run(adapter, layout.reader(full_mask, embeds.shape[1]), inputs_embeds=embeds,
+        fused = self.attention == "fused" or (self.attention == "auto" and embeds.device.type == "cuda")
+        hidden = self.run(adapter, layout.reader(full_mask, embeds.shape[1], fused), inputs_embeds=embeds,
                           position_ids=positions.decoder_positions(layout.next_positions, full_mask))
         extra = embeds.shape[1] - input_ids.shape[1]
         logits = self.logits(hidden[:, extra:]) if return_logits else None

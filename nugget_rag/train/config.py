@@ -229,6 +229,11 @@ class TrainConfig(BaseModel):
                            "the element-wise operations of the norms, rotary embeddings, LoRA and MLP, for GPUs; the "
                            "first steps pay the compilation. No faster on a CPU (BENCHMARKS.md).",
     )
+    attention: Literal["auto", "fused", "reference"] = Field(
+        "auto", description="How the decoder attends to nuggets in training: fused (the Eq. 18 bias in an extra "
+                            "query/key channel, no float mask, so SDPA's fused kernels run), reference (under a float "
+                            "mask), auto (fused on CUDA). Both give the same loss and gradients.",
+    )
     export_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Weights of the final export (bfloat16: half the size; checkpoints stay float32)."
     )
@@ -260,5 +265,5 @@ class TrainConfig(BaseModel):
             mode="json",
             exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
                      "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
-                     "compile"},
+                     "compile", "attention"},
         )

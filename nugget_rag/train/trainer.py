@@ -97,6 +97,7 @@ class Trainer:
             model.enable_gradient_checkpointing()
         if config.compile:
             model.compile_layers()
+        model.attention = config.attention
         self.model = model
         self.teacher = self._teacher() if config.distill.weight > 0 else None
         self.names = source_names(config.data)

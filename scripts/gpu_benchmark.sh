@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The first thing to run on a lent GPU (about 3 minutes): training throughput and MFU with the reference and the
+# fused attention side by side, where a micro-batch's time goes, and time to first token and per-token decoding,
+# Full against nuggets at 1, 4 and 16 documents. BENCHMARKS.md takes its GPU figures from what this writes.
+#
+#   bash scripts/gpu_benchmark.sh OUT_DIR
+#
+# OUT_DIR receives training-throughput.md/json, step-profile.md/json, speed.md/json and bench.log.
+# Environment: PYTHON, WHEELS and DATA as for scripts/gpu_session.sh (an offline machine: scripts/offline_bundle.py);
+# BATCH (default 64) the training micro-batch, STEPS (default 16) timed steps per arm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu_benchmark.sh OUT_DIR}
+mkdir -p "$out"
+log() { echo "[gpu_benchmark $(date +%T)] $*" | tee -a "$out/bench.log"; }
+
+py=${PYTHON:-.venv/bin/python}
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nugget-site "$WHEELS"/*.whl
+  export PYTHONPATH=/tmp/nugget-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  py=${PYTHON:-python3}
+fi
+if [ -n "${DATA:-}" ] && [ ! -e ../shared/data ]; then
+  mkdir -p ../shared && ln -s "$(cd "$DATA" && pwd)" ../shared/data
+fi
+if ! "$py" -c "import nugget_rag" 2>/dev/null; then
+  log "installing (scripts/install.sh)"
+  bash scripts/install.sh >>"$out/bench.log" 2>&1
+  py=.venv/bin/python
+fi
+"$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())" \
+  | tee -a "$out/bench.log"
+
+step() {  # NAME SECONDS COMMAND...: one part, bounded, its failure logged and the rest run
+  local name=$1 seconds=$2; shift 2
+  log "$name (at most ${seconds} s)"
+  timeout "$seconds" "$@" >>"$out/bench.log" 2>&1 || log "$name stopped (rc $?)"
+}
+step "training throughput, reference and fused attention" 110 "$py" benchmarks/training_throughput.py \
+  --batch-size "${BATCH:-64}" --steps "${STEPS:-16}" --group 16 --padding-batches 4 --attention reference fused
+step "step profile, fused attention" 60 "$py" benchmarks/step_profile.py --batch-size "${BATCH:-64}" --warmup 1 \
+  --attention fused --sources 3
+cp benchmarks/results/training-throughput.* benchmarks/results/step-profile.* "$out"/ 2>/dev/null || true
+step "time to first token and decoding, Full and nuggets" 60 "$py" -m nugget_rag.cli eval --tasks speed \
+  --speed-docs 1 4 16 --ratios 10 --out-dir "$out" --name speed --no-plots -q
+log "done"
+cat "$out"/training-throughput.md "$out"/step-profile.md "$out"/speed.md 2>/dev/null || true
