@@ -14,20 +14,8 @@ out=${1:?usage: scripts/gpu_benchmark.sh OUT_DIR}
 mkdir -p "$out"
 log() { echo "[gpu_benchmark $(date +%T)] $*" | tee -a "$out/bench.log"; }
 
-py=${PYTHON:-.venv/bin/python}
-if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nugget-site "$WHEELS"/*.whl
-  export PYTHONPATH=/tmp/nugget-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-  py=${PYTHON:-python3}
-fi
-if [ -n "${DATA:-}" ] && [ ! -e ../shared/data ]; then
-  mkdir -p ../shared && ln -s "$(cd "$DATA" && pwd)" ../shared/data
-fi
-if ! "$py" -c "import nugget_rag" 2>/dev/null; then
-  log "installing (scripts/install.sh)"
-  bash scripts/install.sh >>"$out/bench.log" 2>&1
-  py=.venv/bin/python
-fi
+LOG_FILE="$out/bench.log"
+source scripts/gpu_python.sh
 "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())" \
   | tee -a "$out/bench.log"
 

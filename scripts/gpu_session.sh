@@ -31,20 +31,8 @@ begin=$(date +%s)
 mkdir -p "$out"
 log() { echo "[gpu_session $(date +%T)] $*" | tee -a "$out/train.log"; }
 
-py=${PYTHON:-.venv/bin/python}
-if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nugget-site "$WHEELS"/*.whl
-  export PYTHONPATH=/tmp/nugget-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-  py=${PYTHON:-python3}
-fi
-if [ -n "${DATA:-}" ] && [ ! -e ../shared/data ]; then
-  mkdir -p ../shared && ln -s "$(cd "$DATA" && pwd)" ../shared/data
-fi
-if ! "$py" -c "import nugget_rag" 2>/dev/null; then
-  log "installing (scripts/install.sh)"
-  bash scripts/install.sh >>"$out/train.log" 2>&1
-  py=.venv/bin/python
-fi
+LOG_FILE="$out/train.log"
+source scripts/gpu_python.sh
 
 run=${RUN:-/tmp/nugget-recipe}
 init=${INIT:-default}
