@@ -20,10 +20,10 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -55,6 +55,13 @@ with warnings.catch_warnings():  # langchain-community announces its sunset on i
     from langchain_community.vectorstores import FAISS
     from langchain_community.vectorstores.utils import DistanceStrategy
 
+if TYPE_CHECKING:
+    import ray.data
+
+    from nugget_rag.model import NuggetModel
+
+    from .ray_ingest import ModelLoader, RayIngestOptions
+
 log = logging.getLogger(__name__)
 
 INDEX_FORMAT = "nugget-rag/index-v1"
@@ -77,10 +84,15 @@ class SentenceTransformerEmbeddings(Embeddings):
                  batch_size: int = 32):
         from sentence_transformers import SentenceTransformer
 
+        self.path = Path(path)
         self.model_name = model_name or str(path)
         self.batch_size = batch_size
         with quiet_loading():
             self._model = SentenceTransformer(str(path), device=device, local_files_only=True)
+
+    def __reduce__(self) -> tuple:
+        """Sent to another process (a Ray worker) as its path: the model is loaded there, from local files."""
+        return type(self), (self.path, self.model_name, None, self.batch_size)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         vectors = self._model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
@@ -119,11 +131,14 @@ def load_compressor(
     store_dir: str | Path | None = None,
     device: str | None = None,
     ratio: float | None = None,
+    store: NuggetStore | None = None,
+    dtype: str | None = None,
 ) -> NuggetCompressor:
     """`NuggetCompressor.from_pretrained`: the shipped checkpoint by default; None: untrained (seeded, so its
-    fingerprint is stable)."""
-    return NuggetCompressor.from_pretrained(checkpoint, base_model=base_model, store_dir=store_dir,
-                                            device=device, ratio=ratio)
+    fingerprint is stable). The nuggets go to `store`, else a directory store in `store_dir`, else memory."""
+    shared = {"store": store} if store is not None else {}
+    return NuggetCompressor.from_pretrained(checkpoint, base_model=base_model, store_dir=store_dir, device=device,
+                                            dtype=dtype, ratio=ratio, **shared)
 
 
 # ---------------------------------------------------------------------------------------------- index
@@ -242,6 +257,20 @@ class NuggetIndex:
                  self.last_ingest)
         return len(todo)
 
+    def ingest_distributed(
+        self,
+        data: ray.data.Dataset | Sequence[str | Path] | Sequence[Document],
+        options: RayIngestOptions | None = None,
+        model: ModelLoader | Callable[[], NuggetModel] | None = None,
+    ) -> int:
+        """`ingest` on a Ray cluster: actors that each hold one nugget model compress the chunks into the shared store,
+        and this process indexes them; returns the number of new chunks. `data`: file and folder paths, Documents, or a
+        Ray Dataset; `options`: a RayIngestOptions; `model`: how each worker loads the model (ModelLoader). Needs the
+        [ray] extra; details in `nugget_rag.integrations.ray_ingest.ingest_distributed`."""
+        from .ray_ingest import ingest_distributed
+
+        return ingest_distributed(self, data, options, model)
+
     def _add(self, docs: Sequence[Document], vectors: Sequence[Sequence[float]]) -> None:
         if not docs:
             return
@@ -279,13 +308,14 @@ class NuggetIndex:
             "keep_ratio": self.compressor.keep_ratio,
             "chunk_tokens": self.chunk_tokens,
             "chunk_overlap": self.chunk_overlap,
+            "nugget_store": _store_name(self.compressor.store),
         }
 
     def save(self, directory: str | Path) -> Path:
         """Write the index, its chunks and (if they live elsewhere) their nuggets into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if not _is_store_at(self.compressor.store, directory / NUGGETS_DIR):
+        if not _keeps_store(self.compressor.store, directory / NUGGETS_DIR):
             self._copy_nuggets(NuggetStore(directory=directory / NUGGETS_DIR))
         replaced = _saved_files(directory)
         docs = [{"id": d.id, "page_content": d.page_content, "metadata": d.metadata} for d in self.documents]
@@ -320,10 +350,11 @@ class NuggetIndex:
         embeddings: Embeddings | None = None,
         **kwargs: Any,
     ) -> NuggetIndex:
-        """Open a saved index; the compressor reads and writes nuggets in `directory/nuggets`.
+        """Open a saved index; the compressor reads and writes nuggets in `directory/nuggets`, or in the Redis store
+        it has (`NuggetStore.from_redis`) when the index was saved with its nuggets there.
 
         Raises FileNotFoundError or IndexFileError naming a missing or damaged file, and ValueError when
-        `embeddings` are not the model the index was built with.
+        `embeddings` are not the model the index was built with, or the compressor's store is not the index's.
         """
         directory = Path(directory)
         manifest = _read_json(directory / MANIFEST_FILE)
@@ -343,7 +374,16 @@ class NuggetIndex:
                 f"load it with {built_with!r}, or ingest into a new index directory to use {given!r}"
             )
         store_dir = directory / NUGGETS_DIR
-        if not _is_store_at(compressor.store, store_dir):
+        saved_store, given_store = manifest.get("nugget_store", "directory"), _store_name(compressor.store)
+        if saved_store.startswith("redis") and saved_store != given_store:
+            namespace = saved_store.partition(":")[2]
+            raise ValueError(f"the nuggets of the index in {directory} live in Redis (namespace {namespace!r}); open it "
+                             f"with a compressor on that store, NuggetStore.from_redis(URL, namespace={namespace!r}) "
+                             "(--store URL on the command line)")
+        if given_store.startswith("redis") and saved_store != given_store:
+            raise ValueError(f"the index in {directory} keeps its nuggets in {saved_store}, not in Redis "
+                             f"({given_store}); open it without the Redis store (no --store)")
+        if not _keeps_store(compressor.store, store_dir):
             compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
         for name, default in (("chunk_tokens", 384), ("chunk_overlap", 32)):
             saved = manifest.get(name, default)
@@ -396,12 +436,13 @@ class NuggetIndex:
     @classmethod
     def open(cls, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings | None = None,
              **kwargs: Any) -> NuggetIndex:
-        """`load` the index in `directory` if there is one, else a new empty one whose nuggets go there."""
+        """`load` the index in `directory` if there is one, else a new empty one whose nuggets go there (or to the
+        compressor's Redis store)."""
         directory = Path(directory)
         if (directory / MANIFEST_FILE).exists():
             return cls.load(directory, compressor, embeddings, **kwargs)
         store_dir = directory / NUGGETS_DIR
-        if not _is_store_at(compressor.store, store_dir):
+        if not _keeps_store(compressor.store, store_dir):
             compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
         return cls(compressor, embeddings, **kwargs)
 
@@ -437,6 +478,17 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
 def _is_store_at(store: NuggetStore, directory: Path) -> bool:
     byte_store = store.byte_store
     return isinstance(byte_store, DirectoryByteStore) and byte_store.directory.resolve() == directory.resolve()
+
+
+def _keeps_store(store: NuggetStore, directory: Path) -> bool:
+    """Whether an index in `directory` keeps `store` for its nuggets: its own `nuggets/`, or a shared Redis store."""
+    return store.redis is not None or _is_store_at(store, directory)
+
+
+def _store_name(store: NuggetStore) -> str:
+    """What the manifest records of the nuggets' store: "redis:<namespace>" (never the URL: it may hold a password)
+    or "directory" (the index's `nuggets/`)."""
+    return f"redis:{store.redis.namespace}" if store.redis is not None else "directory"
 
 
 def _write_json(path: Path, value: Any) -> None:

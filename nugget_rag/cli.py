@@ -1,6 +1,7 @@
 """The `nugget-rag` command: ingest documents into an index, ask questions over it, inspect nuggets, train, evaluate.
 
     nugget-rag ingest docs/ notes.md corpus.jsonl --index my-index
+    nugget-rag ingest corpus/ --index my-index --store redis://head:6379/0 --ray head:6379
     nugget-rag ask "How do I parse JSON?" --index my-index
     nugget-rag inspect README.md --html nuggets.html
     nugget-rag train --config configs/recipe-r10.yaml
@@ -15,23 +16,30 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from langchain_core.embeddings import Embeddings
 
 from .cli_options import (
     UserError,
     add_checkpoint_option,
+    add_store_option,
     add_verbose_option,
     add_weights_option,
     positive_float,
     positive_int,
     ratio_arg,
+    ray_address,
 )
 from .compressor import NuggetCompressor
 from .llm import NuggetLLM
 from .resolution import POLICIES
+
+if TYPE_CHECKING:
+    from .integrations.ray_ingest import RayIngestOptions
+    from .model import NuggetModel
 
 log = logging.getLogger("nugget_rag.cli")
 API_KEY_ENV = "NUGGET_RAG_API_KEY"
@@ -39,11 +47,21 @@ API_KEY_ENV = "NUGGET_RAG_API_KEY"
 
 # ---------------------------------------------------------------------------------------------- seams
 def load_compressor(args: argparse.Namespace, store_dir: Path | None = None) -> NuggetCompressor:
-    """The nugget model named by --checkpoint/--base-model/--device, with a store in `store_dir` (else memory)."""
+    """The nugget model named by --checkpoint/--base-model/--device, with its nuggets in the Redis of --store (checked
+    first), else a store in `store_dir`, else memory."""
     from .integrations import load_compressor as load
+    from .store import NuggetStore
 
-    return load(args.checkpoint, base_model=args.base_model, store_dir=store_dir, device=args.device,
-                ratio=getattr(args, "ratio", None))
+    store = NuggetStore.from_redis(args.store) if getattr(args, "store", None) else None
+    return load(args.checkpoint, base_model=args.base_model, store_dir=None if store else store_dir, store=store,
+                device=args.device, ratio=getattr(args, "ratio", None), dtype=getattr(args, "dtype", None))
+
+
+def ray_model_loader(args: argparse.Namespace) -> Callable[[], NuggetModel]:
+    """What each Ray worker loads: the driver's --checkpoint and --base-model (in the driver model's dtype)."""
+    from .integrations.ray_ingest import ModelLoader
+
+    return ModelLoader(checkpoint=args.checkpoint, base_model=args.base_model)
 
 
 def set_decoder_weights(compressor: NuggetCompressor, args: argparse.Namespace) -> None:
@@ -66,8 +84,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from .integrations import NuggetIndex, load_documents, read_manifest
     from .integrations.faiss_store import NUGGETS_DIR
 
-    docs = load_documents(args.paths)
-    if not docs:
+    if args.ray is not None:
+        from .integrations.ray_ingest import connect
+
+        connect(None if args.ray == "local" else args.ray)  # an unreachable cluster fails here, before any work
+    elif args.workers or args.gpus_per_worker:
+        raise UserError("--workers and --gpus-per-worker are for an ingest on Ray: add --ray [ADDRESS]")
+    elif not (docs := load_documents(args.paths)):
         raise UserError(f"no text found in {', '.join(args.paths)}")
     manifest = read_manifest(args.index)
     if manifest is not None:
@@ -82,14 +105,32 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.chunk_overlap is not None:
         options["chunk_overlap"] = args.chunk_overlap
     with NuggetIndex.updating(args.index, compressor, load_embeddings(args), **options) as index:
-        added = index.ingest(docs)
+        if args.ray is None:
+            added = index.ingest(docs)
+        else:
+            added = index.ingest_distributed(args.paths, ray_options(args), model=ray_model_loader(args))
     stats = index.last_ingest
+    for path, reason in stats.get("skipped_files", {}).items():
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    if not stats["documents"]:
+        raise UserError(f"no text found in {', '.join(args.paths)}")
     seconds = max(stats["seconds"], 1e-9)
     rate = f" in {seconds:.1f} s ({added / seconds:.2f} chunks/s, {stats['tokens'] / seconds:.0f} tokens/s)" if added else ""
+    where = f"on {stats['workers']} Ray workers ({stats['computed']} compressed, the rest read from the store) " \
+        if "workers" in stats else ""
+    redis = index.compressor.store.redis
+    nuggets = f"Redis (namespace {redis.namespace})" if redis else args.index / NUGGETS_DIR
     print(f"Ingested {stats['documents']} documents as {stats['chunks']} chunks ({added} new, "
-          f"{stats['skipped']} already indexed){rate} into {args.index}: {len(index)} chunks in all, "
-          f"nuggets in {args.index / NUGGETS_DIR}")
+          f"{stats['skipped']} already indexed){rate} {where}into {args.index}: {len(index)} chunks in all, "
+          f"nuggets in {nuggets}")
     return 0
+
+
+def ray_options(args: argparse.Namespace) -> RayIngestOptions:
+    from .integrations.ray_ingest import RayIngestOptions
+
+    return RayIngestOptions(address=None if args.ray == "local" else args.ray, workers=args.workers,
+                            gpus_per_worker=args.gpus_per_worker)
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -263,6 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--chunk-tokens", type=positive_int, metavar="N", help="tokens per chunk (default 384)")
     ingest.add_argument("--chunk-overlap", type=int, metavar="N", help="tokens shared by neighbours (default 32)")
     ingest.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    ingest.add_argument("--ray", nargs="?", const="local", type=ray_address, metavar="ADDRESS",
+                        help="compress on a Ray cluster (the [ray] extra): 'auto', HOST:PORT or ray://HOST:PORT; "
+                             "without ADDRESS a local one. Write it after the PATHs, or as --ray=ADDRESS")
+    ingest.add_argument("--workers", type=positive_int, metavar="N",
+                        help="with --ray: workers, each holding one model (default: one a CPU, or a GPU)")
+    ingest.add_argument("--gpus-per-worker", type=positive_float, default=0.0, metavar="G",
+                        help="with --ray: GPUs each worker takes (default 0: CPU workers)")
+    ingest.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="the model's dtype, on this machine and every Ray worker (default: float32 on a CPU)")
+    add_store_option(ingest)
     ingest.set_defaults(func=cmd_ingest)
 
     ask = commands.add_parser("ask", parents=[common], help="answer a question from an index",
@@ -276,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=("how finely each chunk is read: default (the best measured policy), uniform (all at the "
                            "index's ratio), or a policy of nugget_rag.resolution with its defaults"))
     add_weights_option(ask)
+    add_store_option(ask)
     ask.set_defaults(func=cmd_ask)
 
     serve = commands.add_parser("serve", parents=[common], help="serve an index over HTTP",
@@ -296,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"require 'Authorization: Bearer KEY' on every path but /health (default: ${API_KEY_ENV}; "
                             "the variable keeps the key out of the process list)")
     add_weights_option(serve)
+    add_store_option(serve)
     serve.set_defaults(func=cmd_serve)
 
     inspect = commands.add_parser("inspect", parents=[common], help="show which tokens become nuggets",

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import get_args
 
 from .checkpoint_files import DEFAULT_CHECKPOINT
 from .config import MergedFormat, NuggetConfig
+
+# A Ray cluster's address: HOST:PORT (the head's GCS port) or ray://HOST:PORT (Ray Client); "auto" is also taken.
+RAY_ADDRESS = re.compile(r"(ray://)?(?P<host>[^\s:/\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})")
 
 
 class UserError(Exception):
@@ -51,6 +55,20 @@ def add_checkpoint_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", type=checkpoint_arg, default=DEFAULT_CHECKPOINT,
                         help="nugget checkpoint directory; 'default' (the default): the one shipped for "
                              "SmolLM2-135M-Instruct (untrained on another base model); 'none': untrained adapters")
+
+
+def ray_address(value: str) -> str:
+    """--ray ADDRESS: 'local', 'auto', HOST:PORT or ray://HOST:PORT."""
+    if value in ("local", "auto") or RAY_ADDRESS.fullmatch(value):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not a Ray address ('auto', HOST:PORT or ray://HOST:PORT); write "
+                                     "--ray after the PATHs, or as --ray=ADDRESS")
+
+
+def add_store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", metavar="REDIS_URL",
+                        help="keep the nuggets in this Redis (redis://HOST:PORT/DB, the [redis] extra), shared by "
+                             "every machine that reaches it; default: DIR/nuggets")
 
 
 def add_verbose_option(parser: argparse.ArgumentParser) -> None:

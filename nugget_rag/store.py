@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from langchain_core.stores import ByteStore
@@ -68,6 +69,14 @@ class DirectoryByteStore(ByteStore):
         return self.directory / key[:2] / key
 
 
+class RedisLocation(NamedTuple):
+    """Where a Redis-backed NuggetStore lives, so that another process (a Ray worker) can open the same store."""
+
+    url: str
+    namespace: str
+    ttl: int | None
+
+
 class StoreUnavailableError(OSError):
     """The byte store behind a NuggetStore failed to read or write (a server down, a disk full)."""
 
@@ -87,6 +96,7 @@ class NuggetStore:
             raise ValueError("pass byte_store or directory, not both")
         self.byte_store = DirectoryByteStore(directory) if directory is not None else byte_store
         self.max_memory_bytes = max_memory_bytes
+        self.redis: RedisLocation | None = None  # set by from_redis
         self.stats = {"memory_hits": 0, "store_hits": 0, "misses": 0, "corrupt": 0, "writes": 0}
         self._memory: OrderedDict[str, NuggetState] = OrderedDict()
         self._memory_bytes = 0
@@ -110,7 +120,9 @@ class NuggetStore:
             byte_store.client.ping()
         except Exception as err:
             raise StoreUnavailableError(f"cannot reach Redis at {url}: {err}; start the server or fix the URL") from err
-        return cls(byte_store=byte_store, max_memory_bytes=max_memory_bytes)
+        store = cls(byte_store=byte_store, max_memory_bytes=max_memory_bytes)
+        store.redis = RedisLocation(url, namespace, ttl)
+        return store
 
     @staticmethod
     def key(text: str, fingerprint: str) -> str:

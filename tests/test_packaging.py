@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 EXTRA_MODULES = {"faiss", "datasets", "matplotlib", "sacrebleu", "rouge_score", "sentence_transformers",
-                 "langchain_community", "langchain_text_splitters", "redis", "fastapi", "uvicorn"}
+                 "langchain_community", "langchain_text_splitters", "redis", "fastapi", "uvicorn", "ray"}
 
 
 def test_core_imports_none_of_the_extras():
@@ -20,4 +20,4 @@ def test_core_dependencies_leave_the_extras_out():
     project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
     core = {d.split(">")[0].split("<")[0].split("=")[0].strip() for d in project["dependencies"]}
     assert not core & {"faiss-cpu", "datasets", "matplotlib", "sentence-transformers", "langchain-community", "redis"}
-    assert {"retrieval", "train", "eval", "redis", "serve", "all", "dev"} <= set(project["optional-dependencies"])
+    assert {"retrieval", "train", "eval", "redis", "serve", "ray", "all", "dev"} <= set(project["optional-dependencies"])
