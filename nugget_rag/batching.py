@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .config import DECODER
-from .generation import GenerationSettings, generation_steps
+from .generation import GenerationSettings, RowSteps, generation_steps
 from .model import NuggetModel
 from .state import NuggetState
 
@@ -55,7 +55,8 @@ class BatchedGenerator:
     """Decodes rows submitted from many threads in shared batches of at most `max_batch` rows.
 
     `stream` returns one row's steps as `stream_generate` gives them for a single row: its new text per step, the
-    last step included. A row whose consumer stops (a client gone) leaves its batch; the others go on.
+    last step included, then its `finish_reason`. A row whose consumer stops (a client gone) leaves its batch; the
+    others go on.
     """
 
     _stop: Callable[[], bool] | None = None
@@ -77,7 +78,7 @@ class BatchedGenerator:
         return view
 
     def stream(self, states: Sequence[NuggetState], prompt: Sequence[int], settings: GenerationSettings,
-               prefix: Sequence[int] | None = None, adapter: str | None = DECODER) -> Iterator[str]:
+               prefix: Sequence[int] | None = None, adapter: str | None = DECODER) -> RowSteps:
         row = _Row(list(states), list(prompt), prefix, self._stop)
         # a seeded sample is reproducible only alone: its random stream would be shared by the batch
         key = (adapter, settings.model_dump_json()) if settings.seed is None else (id(row),)
@@ -90,10 +91,11 @@ class BatchedGenerator:
             batch.rows.append(row)
             if len(batch.rows) >= self.max_batch:
                 del self._open[key]
-        return self._pieces(row)
+        return RowSteps(self._pieces(row))
 
     @staticmethod
-    def _pieces(row: _Row) -> Iterator[str]:
+    def _pieces(row: _Row) -> Iterator[tuple[str, str | None]]:
+        """The row's (text, finish reason or None) steps."""
         try:
             while (item := row.out.get()) is not _END:
                 if isinstance(item, BaseException):
@@ -142,7 +144,7 @@ class BatchedGenerator:
             for pieces, done in steps:
                 started = True
                 for i in sorted(live):
-                    rows[i].out.put(pieces[i])
+                    rows[i].out.put((pieces[i], done[i]))
                     if done[i]:
                         rows[i].out.put(_END)
                         live.discard(i)

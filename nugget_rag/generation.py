@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Collection, Iterator, Sequence
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,6 +50,25 @@ class GenerationSettings(BaseModel):
         if self.no_repeat_ngram_size:
             processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
         return processors
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class RowSteps(Iterator[str]):
+    """One row's new text per step, from its (text, finish reason or None) steps; `finish_reason` once it ends."""
+
+    def __init__(self, steps: Iterator[tuple[str, FinishReason | None]]):
+        self._steps = steps
+        self.finish_reason: FinishReason | None = None
+
+    def __next__(self) -> str:
+        piece, self.finish_reason = next(self._steps)
+        return piece
+
+    def close(self) -> None:
+        """Stop reading (a consumer that leaves): closes the steps."""
+        self._steps.close()
 
 
 class TextTracker:
@@ -128,8 +148,10 @@ def generation_steps(
     adapter: str | None = DECODER,
     prefixes: Sequence[Sequence[int] | None] | None = None,
     leave: Collection[int] = (),
-) -> Iterator[tuple[list[str], list[bool]]]:
-    """`stream_generate`'s steps, each with whether every row is finished (that step's text is its last).
+) -> Iterator[tuple[list[str], list[FinishReason | None]]]:
+    """`stream_generate`'s steps, each with every row's finish reason once that step's text is its last (None
+    before): "stop" where an end-of-sequence token or a stop string ended it, "length" where the token budget
+    (max_new_tokens, or the model's positions) cut it.
 
     A finished row leaves the batch: later steps decode only the others. So does a row whose index the caller has
     put in `leave` (its request was cancelled) by the time it asks for the next step; its text is '' from then on.
@@ -152,6 +174,7 @@ def generation_steps(
     eos = eos_ids(model)
     generator = torch.Generator(model.device).manual_seed(settings.seed) if settings.seed is not None else None
     trackers = [TextTracker(model.tokenizer, settings.stop) for _ in prompts]
+    reasons: list[FinishReason | None] = [None] * len(prompts)
     processors = settings.logits_processors()
     generated = torch.zeros(len(prompts), 0, dtype=torch.long, device=model.device)
     positions = decoder_positions(layout.next_positions, token_mask)
@@ -182,11 +205,13 @@ def generation_steps(
                 tracker.done = True
             else:
                 pieces[i] = tracker.add(token)
-            if step == steps - 1:
+            if tracker.done:  # an end-of-sequence token, or a stop string
+                reasons[i] = "stop"
+            elif step == steps - 1:
                 pieces[i] += tracker.finish()
-                tracker.done = True
-        yield pieces, [t.done for t in trackers]
-        keep = [j for j, i in enumerate(active) if not trackers[i].done and i not in leave]
+                reasons[i] = "length"
+        yield pieces, list(reasons)
+        keep = [j for j, i in enumerate(active) if reasons[i] is None and i not in leave]
         if not keep:
             return
         if len(keep) < len(active):  # rows left: the next steps decode only the others

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .batching import BatchedGenerator
 from .compressor import Compressed, NuggetCompressor, as_documents
 from .config import DECODER
-from .generation import GenerationSettings, stream_generate
+from .generation import GenerationSettings, RowSteps, generation_steps
 from .model import NuggetModel
 from .prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction, takes_question
 from .resolution import DocumentReading, ResolutionPolicy
@@ -97,10 +97,11 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
 
     Output: the answer's ``response_metadata`` holds ``sources`` (per document read: its ``index`` among the
     documents given, its ``id`` if any, and its metadata without nugget details), ``n_document_tokens`` (the
-    documents' length as text), ``n_nuggets`` and the ``compression_ratio`` achieved. ``usage_metadata`` counts
-    what the decoder read (prompt tokens plus nuggets; ``input_token_details``: nuggets read from the store as
-    ``cache_read``, nuggets compressed for this call as ``cache_creation``) and the tokens it generated; a stream
-    carries it on its last chunk.
+    documents' length as text), ``n_nuggets``, the ``compression_ratio`` achieved and OpenAI's ``finish_reason``
+    ("stop": the answer ended, or reached a stop string; "length": max_new_tokens or the model's positions cut it).
+    ``usage_metadata`` counts what the decoder read (prompt tokens plus nuggets; ``input_token_details``: nuggets
+    read from the store as ``cache_read``, nuggets compressed for this call as ``cache_creation``) and the tokens it
+    generated; a stream carries it on its last chunk.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -227,8 +228,8 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
         if self.batcher is not None:
             steps = self.batcher.stream(states, prompt, settings, prefix=prefix, adapter=adapter)
         else:
-            steps = (pieces[0] for pieces in stream_generate(self.compressor.model, [states], [prompt], settings,
-                                                               adapter=adapter, prefixes=[prefix]))
+            steps = RowSteps((pieces[0], done[0]) for pieces, done in generation_steps(
+                self.compressor.model, [states], [prompt], settings, adapter=adapter, prefixes=[prefix]))
         generated = 0  # one token per step of the stream
         for piece in steps:
             generated += 1
@@ -253,7 +254,7 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
                 response_metadata={
                     "sources": sources, "n_documents": len(docs), "n_document_tokens": n_document_tokens,
                     "n_nuggets": n_nuggets, "compression_ratio": n_document_tokens / n_nuggets if n_nuggets else None,
-                    "model_name": self.compressor.model.base_name,
+                    "model_name": self.compressor.model.base_name, "finish_reason": steps.finish_reason,
                     **({"resolution": [{"index": i, **r.as_metadata()} for i, r in zip(planned, readings)],
                         "resolution_policy": type(self.resolution).__name__} if readings else {}),
                 },

@@ -4,9 +4,10 @@
     GET  /metrics                    Prometheus metrics: requests and errors by status, pending requests, cancelled
                                      answers, tokens in and out, nuggets read, latency histograms
     POST /ask      {"question", "k"?, "max_new_tokens"?, "stream"?}
-                   stream (default): NDJSON lines {"text": piece}..., then {"sources": [...], "usage": {...}}; a
+                   stream (default): NDJSON lines {"text": piece}..., then {"sources", "usage", "finish_reason"}; a
                    failure after the first line ends the stream with {"error": {"message", "status"}}
-                   otherwise: {"answer", "sources", "usage"}
+                   otherwise: {"answer", "sources", "usage", "finish_reason"}; finish_reason as OpenAI's: "stop" (the
+                   answer ended) or "length" (max_new_tokens, or the model's positions, cut it)
     POST /compress {"documents": [text | {"page_content", "metadata"?}]}
                    -> {"documents": [{"metadata"} | {"skipped": why}]}, one entry per input, in order
     POST /ingest   {"documents": [text | {"page_content", "metadata"?}]}  -> {"added", "chunks"}; questions are
@@ -275,7 +276,8 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
 
     async def answer(request: AskRequest, http: Request) -> tuple[_Slot, Iterator[dict]]:
         """Admit the request, retrieve its chunks and decode up to its answer's first piece, so that whatever refuses
-        it does so before a response starts; then the answer: {"text"} pieces and a last {"sources", "usage"}."""
+        it does so before a response starts; then the answer: {"text"} pieces and a last {"sources", "usage",
+        "finish_reason"}."""
         if not len(index):
             raise HTTPException(409, "the index is empty: ingest documents first (POST /ingest)")
         slot = slots.admit()
@@ -306,9 +308,9 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                     if final is chunk:
                         metrics.first_token.observe(time.monotonic() - slot.admitted)
                     yield {"text": chunk.content}
-            usage = final.usage_metadata if final else None
-            metrics.count_usage(usage)
-            yield {"sources": final.response_metadata.get("sources", []) if final else [], "usage": usage}
+            metrics.count_usage(final.usage_metadata)
+            yield {"sources": final.response_metadata["sources"], "usage": final.usage_metadata,
+                   "finish_reason": final.response_metadata["finish_reason"]}
         except RequestCancelled:
             slot.free("deadline")  # (a client that left has freed it already)
             raise
@@ -356,16 +358,13 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         ask_request = AskRequest(question=questions[-1], k=request.k, max_new_tokens=request.limit,
                                  stream=request.stream)
 
-        def finish_reason(usage: dict | None) -> str:  # OpenAI's: "length" where the token limit cut the answer
-            return "length" if (usage or {}).get("output_tokens", 0) >= request.limit else "stop"
-
         identity = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model_name}
         if not request.stream:
             result = await whole(ask_request, http)
             usage = result["usage"] or {}
             return {**identity, "object": "chat.completion", "sources": result["sources"],
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": result["answer"]},
-                                 "finish_reason": finish_reason(usage)}],
+                                 "finish_reason": result["finish_reason"]}],
                     "usage": {"prompt_tokens": usage.get("input_tokens", 0),
                               "completion_tokens": usage.get("output_tokens", 0),
                               "total_tokens": usage.get("total_tokens", 0)}}
@@ -374,14 +373,14 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
 
         def event(piece: dict) -> bytes:
             nonlocal first
+            delta = {"role": "assistant", "content": piece.get("text", "")} if first else {}
             if "text" in piece:
-                delta = {"role": "assistant", "content": piece["text"]} if first else {"content": piece["text"]}
                 chunk = {**identity, "object": "chat.completion.chunk",
-                         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-                first = False
-            else:
+                         "choices": [{"index": 0, "delta": {**delta, "content": piece["text"]}, "finish_reason": None}]}
+            else:  # the last: an answer with no text (its first token ended it) still names the role
                 chunk = {**identity, "object": "chat.completion.chunk", "sources": piece["sources"],
-                         "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason(piece["usage"])}]}
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": piece["finish_reason"]}]}
+            first = False
             return f"data: {json.dumps(chunk)}\n\n".encode()
 
         def error(status: int, message: str) -> bytes:

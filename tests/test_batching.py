@@ -136,7 +136,7 @@ def test_rows_that_finish_or_leave_drop_out_of_the_batch(setup, widths, monkeypa
         ends.append(done)
         if step == 2:
             leave.add(1)  # cancelled after its third step
-    assert widths == [3, 3, 2, 1, 1, 1] and ends[1] == [True, False, False] and ends[-1][2]
+    assert widths == [3, 3, 2, 1, 1, 1] and ends[1] == ["stop", None, None] and ends[-1] == ["stop", None, "length"]
     monkeypatch.setattr(generation, "next_token", real)
     alone = generate(model, [samples[2]], [prompts[2]], settings)[0]
     assert texts[2] == alone  # the rows around it left without changing its answer

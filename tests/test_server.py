@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import socket
 import statistics
@@ -22,7 +23,8 @@ from langchain_core.documents import Document  # noqa: E402
 from test_integrations import HashEmbeddings  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching  # noqa: E402
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching, generation  # noqa: E402
+from nugget_rag.generation import eos_ids  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
 from nugget_rag.server import create_app  # noqa: E402
 
@@ -167,6 +169,59 @@ def test_openai_compatible_chat_completions(client):
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"] == "length"  # 4 tokens
     assert client.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "hi"}]}).status_code == 422
     assert client.get("/health").json()["pending"] == 0
+
+
+@pytest.fixture
+def end_at_step(monkeypatch, index):
+    """`end_at_step(n)`: the next answer's token at step `n` (from 0) is an end of sequence (None: as decoded)."""
+    eos, real = min(eos_ids(index.compressor.model)), generation.next_token
+
+    def script(n: int | None) -> None:
+        steps = itertools.count()
+
+        def scripted(logits, settings, generator):
+            tokens = real(logits, settings, generator)
+            if next(steps) == n:
+                tokens[:] = eos
+            return tokens
+
+        monkeypatch.setattr(generation, "next_token", scripted)
+
+    return script
+
+
+@pytest.mark.parametrize(("eos_step", "reason"), [
+    (2, "stop"),  # the last token max_tokens allows is the end of sequence: the answer ended, it was not cut
+    (None, "length"),
+    (0, "stop"),  # the first token ends it: no text, and the stream's one chunk still names the role
+])
+def test_finish_reason_says_whether_the_answer_ended_or_was_cut(client, end_at_step, eos_step, reason):
+    client.post("/ingest", json={"documents": TEXTS})
+    messages = [{"role": "user", "content": "What does the falcon do?"}]
+    end_at_step(eos_step)
+    whole = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 3}).json()
+    assert whole["choices"][0]["finish_reason"] == reason
+    assert bool(whole["choices"][0]["message"]["content"]) is (eos_step != 0)
+    assert whole["usage"]["completion_tokens"] == (3 if eos_step is None else eos_step + 1)
+    end_at_step(eos_step)
+    events = [e for e in client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 3,
+                                                                   "stream": True}).iter_lines() if e]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [reason]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant" and events[-1] == "data: [DONE]"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == whole["choices"][0]["message"]["content"]
+    end_at_step(eos_step)
+    lines = [json.loads(line) for line in client.post("/ask", json={"question": "What does the falcon do?",
+                                                                    "max_new_tokens": 3}).iter_lines() if line]
+    assert lines[-1]["finish_reason"] == reason
+
+
+def test_an_answer_cut_by_the_models_positions_has_finish_reason_length(client):
+    client.post("/ingest", json={"documents": TEXTS})
+    whole = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Falcons?"}],
+                                                       "max_tokens": 2048}).json()  # the tiny model has 512 positions
+    assert whole["choices"][0]["finish_reason"] == "length" and whole["usage"]["completion_tokens"] < 512
 
 
 def test_ingest_keeps_what_another_process_added_to_the_index_meanwhile(client, index, tmp_path):
