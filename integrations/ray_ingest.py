@@ -197,11 +197,11 @@ def ingest_distributed(
     todo = list(new.values())
     for start in range(0, len(todo), 1024):
         index._add([c for c, _ in todo[start : start + 1024]], [v for _, v in todo[start : start + 1024]])
-    indexed = sum(r.known for r in results)
+    indexed = sum(int(r.known) for r in results)
     index.last_ingest = {
         "documents": len(results), "chunks": len(chunks) + indexed, "added": len(todo),
         "skipped": len(chunks) + indexed - len(todo), "tokens": sum(c.metadata[METADATA_KEY]["n_tokens"] for c, _ in todo),
-        "computed": sum(r.computed for r in results), "workers": workers, "skipped_files": skipped_files,
+        "computed": sum(int(r.computed) for r in results), "workers": workers, "skipped_files": skipped_files,
         "seconds": round(time.perf_counter() - started, 3), **timing,
     }
     log.info("ingested %(documents)d documents on %(workers)d Ray workers: %(chunks)d chunks, %(added)d new, "
@@ -247,7 +247,7 @@ def _compress(index: NuggetIndex, rows: list[dict[str, Any]] | ray.data.Dataset,
             )
             for batch in compressed.iter_batches(batch_size=None, batch_format="numpy"):
                 results += [DocumentResult(*row) for row in zip(*(batch[name] for name in DocumentResult._fields))]
-                now, tokens = time.perf_counter(), sum(r.tokens for r in results)
+                now, tokens = time.perf_counter(), sum(int(r.tokens) for r in results)
                 first = first or (now, tokens)
                 bar.update(len(batch["position"]))
                 bar.set_postfix_str(f"{tokens / (now - started):.0f} tokens/s", refresh=False)
