@@ -216,7 +216,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     index = NuggetIndex.open(args.index, compressor, load_embeddings(args))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = create_app(index, args.index, max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
-                     max_batch=args.max_batch, request_timeout_s=args.request_timeout, api_key=key)
+                     max_batch=args.max_batch, request_timeout_s=args.request_timeout, api_key=key,
+                     max_ingest_documents=args.max_ingest_documents)
     if key is None and not _loopback(args.host):
         print(f"warning: serving on {args.host} without an API key: whoever reaches the port can ask, and write to "
               f"the index through /ingest; set {API_KEY_ENV} or --api-key", file=sys.stderr, flush=True)
@@ -344,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="largest request body (default 1 MiB)")
     serve.add_argument("--request-timeout", type=positive_float, default=600, metavar="SECONDS",
                        help="an answer still decoding after this long is cut off (default 600)")
+    serve.add_argument("--max-ingest-documents", type=positive_int, default=100, metavar="N",
+                       help="documents one /ingest or /compress request takes at most (413 beyond; larger ingests: "
+                            "POST /ingest/jobs, in the background; default 100)")
     serve.add_argument("--api-key", metavar="KEY",
                        help=f"require 'Authorization: Bearer KEY' on every path but /health (default: ${API_KEY_ENV}; "
                             "the variable keeps the key out of the process list)")

@@ -11,12 +11,22 @@
     POST /compress {"documents": [text | {"page_content", "metadata"?}]}
                    -> {"documents": [{"metadata"} | {"skipped": why}]}, one entry per input, in order
     POST /ingest   {"documents": [text | {"page_content", "metadata"?}]}  -> {"added", "chunks"}; questions are
-                   answered meanwhile from the index as it was, and see the new one once it is saved
+                   answered meanwhile from the index as it was, and see the new one once it is saved. At most
+                   `max_ingest_documents` documents (and on /compress): more get 413, naming the limit
+    POST /ingest/jobs   the same body -> 202 {"id", "status": "queued", ...}, Location: /ingest/jobs/{id}: the
+                   documents are ingested in the background, one job at a time, JOB_PART documents per step, each
+                   step published to questions as it lands
+    GET  /ingest/jobs/{id}   {"id", "status": queued | running | done | failed | cancelled, "documents", "done"
+                   (documents ingested so far), "added" (new chunks so far), "error", "created", "finished"}
+    GET  /ingest/jobs        every job the server remembers (the last KEPT_JOBS), oldest first
+    DELETE /ingest/jobs/{id} cancel a job: it stops after its current step (what it added stays)
     GET  /v1/models             the served model, in OpenAI's format
     POST /v1/chat/completions   OpenAI's chat format (messages, max_tokens, stream as server-sent events): the last
                    user message is the question, answered from the retrieved chunks; the answer names its sources.
                    A failure after the first event ends the stream with a `data: {"error": {...}}` event
 
+Jobs live in the server's memory: a restart forgets them (sending the documents again computes only the states not
+in the store yet). More than MAX_JOBS jobs queued or running get 503.
 Requests beyond `max_pending` in flight get 503; bodies over `max_body_bytes` get 413; malformed or incomplete JSON
 gets 422, and so does text that is not valid Unicode (a lone surrogate), naming its field. Whatever refuses a
 request does so before a streamed answer's first byte: its first piece is decoded before the response starts.
@@ -31,6 +41,9 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import queue
+import sys
 import threading
 import time
 import uuid
@@ -54,6 +67,11 @@ from .server_middleware import ApiKey, BodyLimit, Metrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+JOB_PART = 32  # documents an ingest job adds, and publishes, per step
+MAX_JOBS = 16  # ingest jobs queued or running at once
+KEPT_JOBS = 100  # finished jobs whose status stays readable
+JOB_NICE = 10  # how much nicer than the server the thread that runs ingest jobs is (Linux)
 
 
 def _check_unicode(where: str, text: str) -> None:
@@ -137,6 +155,100 @@ class DocumentsRequest(BaseModel):
 
     def as_documents(self) -> list[Document]:
         return [d if isinstance(d, Document) else Document(page_content=d) for d in self.documents]
+
+
+class IngestJob(BaseModel):
+    """A background ingest (POST /ingest/jobs) and its progress."""
+
+    id: str
+    status: Literal["queued", "running", "done", "failed", "cancelled"] = "queued"
+    documents: int
+    done: int = Field(0, description="Documents ingested so far: questions read their chunks.")
+    added: int = Field(0, description="New chunks so far.")
+    error: str | None = None
+    created: float = Field(default_factory=time.time)
+    finished: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("queued", "running")
+
+
+class _Jobs:
+    """Ingest jobs, run one at a time by a worker thread (started with the first) through `ingest(documents)`."""
+
+    def __init__(self, ingest: Callable[[list[Document]], int]):
+        self.ingest = ingest
+        self.jobs: dict[str, IngestJob] = {}  # oldest first
+        self.lock = threading.Lock()
+        self.todo: queue.Queue[tuple[IngestJob, list[Document]]] = queue.Queue()
+        self.worker: threading.Thread | None = None
+
+    @property
+    def active(self) -> int:
+        with self.lock:
+            return sum(job.active for job in self.jobs.values())
+
+    def submit(self, documents: list[Document]) -> IngestJob:
+        with self.lock:
+            if sum(job.active for job in self.jobs.values()) >= MAX_JOBS:
+                raise HTTPException(503, f"{MAX_JOBS} ingest jobs are queued or running; retry once one is done")
+            job = IngestJob(id=f"ingest-{uuid.uuid4().hex}", documents=len(documents))
+            self.jobs[job.id] = job
+            finished = [i for i, j in self.jobs.items() if not j.active]
+            for old in finished[:max(0, len(finished) - KEPT_JOBS)]:
+                del self.jobs[old]
+            if self.worker is None:
+                self.worker = threading.Thread(target=self._work, name="ingest-jobs", daemon=True)
+                self.worker.start()
+            self.todo.put((job, documents))
+            return job.model_copy()
+
+    def get(self, job_id: str) -> IngestJob:
+        with self.lock:
+            return self._find(job_id).model_copy()
+
+    def listed(self) -> list[IngestJob]:
+        with self.lock:
+            return [job.model_copy() for job in self.jobs.values()]
+
+    def cancel(self, job_id: str) -> IngestJob:
+        with self.lock:
+            job = self._find(job_id)
+            if job.active:
+                job.status, job.finished = "cancelled", time.time()
+            return job.model_copy()
+
+    def _find(self, job_id: str) -> IngestJob:
+        if job_id not in self.jobs:
+            raise HTTPException(404, f"no ingest job {job_id!r} (a finished job is kept until {KEPT_JOBS} more have "
+                                     "finished, and until the server restarts)")
+        return self.jobs[job_id]
+
+    def _work(self) -> None:
+        if sys.platform == "linux":  # questions first: this thread, and the threads it starts, at a lower CPU priority
+            thread = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + JOB_NICE))
+        while True:
+            job, documents = self.todo.get()
+            with self.lock:
+                if job.status != "queued":  # cancelled while it waited
+                    continue
+                job.status = "running"
+            try:
+                for start in range(0, len(documents), JOB_PART):
+                    if job.status == "cancelled":
+                        break
+                    added = self.ingest(documents[start:start + JOB_PART])
+                    with self.lock:
+                        job.done, job.added = min(start + JOB_PART, len(documents)), job.added + added
+                outcome, error = "done", None
+            except Exception as err:  # the job fails, the server goes on
+                log.error("ingest job %s failed", job.id, exc_info=err)
+                outcome, error = "failed", f"{type(err).__name__}: {err}"
+            with self.lock:
+                if job.status == "running":
+                    job.status, job.error, job.finished = outcome, error, time.time()
 
 
 class _Slots:
@@ -229,11 +341,12 @@ class _Stream(StreamingResponse):
 
 def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int = 32,
                max_body_bytes: int = 1 << 20, max_batch: int = 8, request_timeout_s: float = 600,
-               api_key: str | None = None):
+               api_key: str | None = None, max_ingest_documents: int = 100):
     """The server (an ASGI app) over a loaded `NuggetIndex` (its compressor, store and FAISS index); `index_dir`:
     the index's directory, which /ingest updates as `nugget-rag ingest` does (None: the index stays in memory);
     `request_timeout_s`: an answer still decoding after this long is cut off (504); `api_key`: the key every path
-    but /health needs (None: none)."""
+    but /health needs (None: none); `max_ingest_documents`: the most documents one /ingest or /compress request
+    takes (more: 413; POST /ingest/jobs takes more, in the background)."""
     from .integrations import NuggetIndex, build_qa_chain
 
     app = FastAPI(title="nugget-rag", description=__doc__.split("\n\n")[0])
@@ -243,7 +356,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
     batcher = BatchedGenerator(compressor.model, max_batch=max_batch)
     index_lock = threading.Lock()  # held to search the index, and to publish or change it
     versions, published = itertools.count(1), 0  # of the index copies /ingest publishes
-    metrics = Metrics(pending=lambda: slots.count)
+    metrics = Metrics(pending=lambda: slots.count, jobs=lambda: jobs.active)
     slots = _Slots(max_pending, request_timeout_s, metrics)
 
     def failure(err: Exception) -> tuple[int, str]:
@@ -261,7 +374,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
     def health() -> dict:
         sizes = batcher.batch_sizes
         return {"status": "ok", "model": model_name, "ratio": compressor.effective_ratio,
-                "chunks": len(index), "pending": slots.count, "batches": len(sizes),
+                "chunks": len(index), "pending": slots.count, "ingest_jobs": jobs.active, "batches": len(sizes),
                 "mean_batch": round(sum(sizes) / len(sizes), 2) if sizes else None}
 
     @app.get("/metrics")
@@ -389,9 +502,16 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
 
         return streamed(slot, pieces, event, error, "text/event-stream", end=b"data: [DONE]\n\n")
 
+    def bounded(request: DocumentsRequest, instead: str) -> list[Document]:
+        """The request's documents, if no more than max_ingest_documents (413 otherwise, saying what to do)."""
+        if len(request.documents) > max_ingest_documents:
+            raise HTTPException(413, f"{len(request.documents)} documents in one request is over this server's limit "
+                                     f"of {max_ingest_documents} (--max-ingest-documents): {instead}")
+        return request.as_documents()
+
     @app.post("/compress")
     def compress(request: DocumentsRequest) -> dict:
-        docs = request.as_documents()
+        docs = bounded(request, "send them in parts")
         slot = slots.admit()
         try:
             out = iter(compressor.invoke([d for d in docs if d.page_content.strip()]))
@@ -401,30 +521,55 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                               else {"skipped": "the document is empty or whitespace: it has no nuggets"}
                               for d in docs]}
 
+    def add_documents(docs: list[Document]) -> int:
+        """Ingest `docs`, questions going on meanwhile: they are compressed, embedded and saved outside the index's
+        lock, which is held only to publish the result (or, for an index kept in memory, to add the embedded
+        chunks). Returns the number of new chunks."""
+        nonlocal index, published
+        if index_dir is None:
+            compressor.invoke(index.split(docs))  # into the store, where index.ingest then finds them
+            with index_lock:
+                return index.ingest(docs)
+        # a copy read under the directory's lock, from what is saved there: another process's updates stay
+        settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
+                    "batch_size": index.batch_size}
+        with NuggetIndex.updating(index_dir, compressor, index.embeddings, **settings) as updated:
+            added = updated.ingest(docs)
+            version = next(versions)  # in the directory lock's order
+        with index_lock:
+            if version > published:  # never over a later ingest's copy
+                index, published = updated, version
+        return added
+
+    jobs = _Jobs(add_documents)
+
     @app.post("/ingest")
     def ingest(request: DocumentsRequest) -> dict:
-        """Questions go on meanwhile: the documents are compressed, embedded and saved outside the index's lock, which
-        is held only to publish the result (or, for an index kept in memory, to add the embedded chunks)."""
-        nonlocal index, published
-        docs = request.as_documents()
+        docs = bounded(request, "send them in parts, or as a background job (POST /ingest/jobs)")
         slot = slots.admit()
         try:
-            if index_dir is None:
-                compressor.invoke(index.split(docs))  # into the store, where index.ingest then finds them
-                with index_lock:
-                    added = index.ingest(docs)
-            else:  # a copy read under the directory's lock, from what is saved there: another process's updates stay
-                settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
-                            "batch_size": index.batch_size}
-                with NuggetIndex.updating(index_dir, compressor, index.embeddings, **settings) as updated:
-                    added = updated.ingest(docs)
-                    version = next(versions)  # in the directory lock's order
-                with index_lock:
-                    if version > published:  # never over a later ingest's copy
-                        index, published = updated, version
+            added = add_documents(docs)
         finally:
             slot.free()
-        return {"added": added, "chunks": len(updated if index_dir is not None else index)}
+        return {"added": added, "chunks": len(index)}
+
+    @app.post("/ingest/jobs", status_code=202)
+    def submit_job(request: DocumentsRequest, response: Response) -> IngestJob:
+        job = jobs.submit(request.as_documents())
+        response.headers["Location"] = f"/ingest/jobs/{job.id}"
+        return job
+
+    @app.get("/ingest/jobs")
+    def list_jobs() -> dict:
+        return {"jobs": jobs.listed()}
+
+    @app.get("/ingest/jobs/{job_id}")
+    def job_status(job_id: str) -> IngestJob:
+        return jobs.get(job_id)
+
+    @app.delete("/ingest/jobs/{job_id}")
+    def cancel_job(job_id: str) -> IngestJob:
+        return jobs.cancel(job_id)
 
     def refusal(request: Request, status: int, detail: Any, headers: dict | None = None) -> JSONResponse:
         """An error response: {"detail"}, or OpenAI's {"error": {"message", "type", "code"}} under /v1/."""

@@ -70,7 +70,7 @@ class Metrics:
 
     LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
-    def __init__(self, pending: Callable[[], int]):
+    def __init__(self, pending: Callable[[], int], jobs: Callable[[], int]):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = registry = CollectorRegistry()
@@ -84,6 +84,8 @@ class Metrics:
                                      "piece", buckets=self.LATENCY_BUCKETS, registry=registry)
         Gauge("nugget_rag_pending_requests", "Requests admitted and not yet finished (the queue before "
               "--max-pending)", registry=registry).set_function(pending)
+        Gauge("nugget_rag_ingest_jobs", "Ingest jobs queued or running (POST /ingest/jobs)",
+              registry=registry).set_function(jobs)
         self.cancelled = Counter("nugget_rag_cancelled_requests", "Answers cut off before their end, by reason: "
                                  "disconnect (the client left) or deadline (--request-timeout)", ["reason"],
                                  registry=registry)

@@ -216,3 +216,5 @@ def test_serve_takes_its_key_from_the_environment_and_warns_without_one_off_loop
     assert "warning" not in captured.err and "API key required" in captured.out
     assert given["api_key"] == "from-the-environment"
     assert cli.main([*serve, "--api-key", "from-the-flag"]) == 0 and given["api_key"] == "from-the-flag"
+    assert given["max_ingest_documents"] == 100
+    assert cli.main([*serve, "--max-ingest-documents", "7"]) == 0 and given["max_ingest_documents"] == 7

@@ -268,6 +268,92 @@ def test_questions_are_answered_while_an_ingest_runs(client, index, monkeypatch)
     assert client.get("/health").json()["chunks"] == 22  # published once saved
 
 
+def test_an_ingest_over_the_document_limit_gets_a_413_naming_it(index, tmp_path):
+    with TestClient(create_app(index, tmp_path, max_ingest_documents=3)) as client:
+        for path in ("/ingest", "/compress"):
+            response = client.post(path, json={"documents": [f"Document {i}." for i in range(4)]})
+            assert response.status_code == 413, response.text
+            assert "4 documents in one request is over this server's limit of 3 (--max-ingest-documents)" in \
+                response.json()["detail"]
+        assert "POST /ingest/jobs" in client.post("/ingest", json={"documents": ["a."] * 4}).json()["detail"]
+        assert client.post("/ingest", json={"documents": TEXTS}).json() == {"added": 2, "chunks": 2}
+
+
+def wait_for_job(client, job_id: str, timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (job := client.get(f"/ingest/jobs/{job_id}").json())["status"] in ("queued", "running"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    return job
+
+
+def test_a_background_ingest_job_reports_progress_and_can_be_cancelled(index, tmp_path, monkeypatch):
+    documents = [f"Document {i} tells of falcons and bread number {i}." for i in range(70)]  # 3 steps of 32
+    with TestClient(create_app(index, tmp_path, max_ingest_documents=3)) as client:
+        response = client.post("/ingest/jobs", json={"documents": documents})
+        assert response.status_code == 202 and response.json()["documents"] == 70
+        job_id = response.json()["id"]
+        assert response.headers["location"] == f"/ingest/jobs/{job_id}"
+        job = wait_for_job(client, job_id)
+        assert (job["status"], job["done"], job["added"], job["error"]) == ("done", 70, 70, None)
+        assert client.get("/health").json()["chunks"] == 70 and len(NuggetIndex.load(tmp_path, index.compressor,
+                                                                                      HashEmbeddings())) == 70
+        embed = index.embeddings.embed_documents
+        monkeypatch.setattr(index.embeddings, "embed_documents", lambda texts: time.sleep(0.5) or embed(texts))
+        slow = client.post("/ingest/jobs", json={"documents": [f"More {i} on rivers." for i in range(70)]}).json()
+        while client.get(f"/ingest/jobs/{slow['id']}").json()["done"] == 0:  # its first step has landed
+            time.sleep(0.05)
+        assert client.delete(f"/ingest/jobs/{slow['id']}").json()["status"] == "cancelled"
+        time.sleep(1)  # the step under way ends, and no other starts
+        cancelled = client.get(f"/ingest/jobs/{slow['id']}").json()
+        assert cancelled["status"] == "cancelled" and 32 <= cancelled["done"] < 70
+        assert [j["id"] for j in client.get("/ingest/jobs").json()["jobs"]] == [job_id, slow["id"]]
+        assert client.get("/health").json()["ingest_jobs"] == 0
+        missing = client.get("/ingest/jobs/ingest-nope")
+        assert missing.status_code == 404 and "'ingest-nope'" in missing.json()["detail"]
+
+
+def test_questions_keep_their_latency_while_a_500_document_job_runs(index, tmp_path):
+    index.ingest([Document(page_content=t) for t in TEXTS])
+    documents = [f"Note {i}: the falcon number {i} hunts over river {i % 7}." for i in range(500)]
+
+    def ask(url: str, i: int) -> float:
+        body = json.dumps({"question": f"Which falcon {i}?", "k": 2, "max_new_tokens": 4, "stream": False})
+        request = urllib.request.Request(f"{url}/ask", data=body.encode(), headers={"Content-Type": "application/json"})
+        start = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200 and json.loads(response.read())["answer"] is not None
+        return time.perf_counter() - start
+
+    def p95(latencies: list[float]) -> float:
+        return statistics.quantiles(latencies, n=20)[-1]
+
+    with serving(create_app(index, tmp_path)) as url, ThreadPoolExecutor(4) as clients:
+        idle = list(clients.map(lambda i: ask(url, i), range(40)))
+        submitted = urllib.request.Request(f"{url}/ingest/jobs", data=json.dumps({"documents": documents}).encode(),
+                                           headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(submitted, timeout=60) as response:
+            job_url = f"{url}{response.headers['Location']}"
+
+        def job() -> dict:
+            with urllib.request.urlopen(job_url, timeout=60) as response:
+                return json.loads(response.read())
+
+        def ask_while_ingesting(client: int) -> list[float]:
+            latencies = []
+            while job()["status"] in ("queued", "running"):
+                latencies.append(ask(url, client * 1000 + len(latencies)))
+            return latencies
+
+        start = time.perf_counter()
+        during = [t for latencies in clients.map(ask_while_ingesting, range(4)) for t in latencies]
+        seconds = time.perf_counter() - start
+        assert job()["status"] == "done" and job()["done"] == 500 and len(during) >= 20  # every one answered
+    print(f"4 clients: idle p95 {p95(idle) * 1000:.0f} ms ({len(idle)} questions); during a 500-document ingest "
+          f"({seconds:.1f} s) p95 {p95(during) * 1000:.0f} ms ({len(during)} questions)")
+    assert p95(during) < 3 * p95(idle)
+
+
 def test_a_client_that_disconnects_leaves_its_batch(index, slow_steps):
     index.ingest([Document(page_content=t) for t in TEXTS])
     long = {"question": "What does the falcon do?", "k": 1, "max_new_tokens": 400}  # seconds to decode whole
