@@ -2,20 +2,36 @@
 request at a time, reading nuggets or Full's prompt, in one run.
 
     python benchmarks/serve_throughput.py [--clients 8] [--questions 32] [--max-new-tokens 32] [--threads 2]
+    python benchmarks/serve_throughput.py --http [--requests 200] [--clients 8] [--disconnect 0.1] [--rounds 4]
 
 Each client asks SQuAD dev questions about their own passage (../shared/data; nuggets compressed beforehand, as a
 warm server holds them), greedy, `max-new-tokens` at most. Reports questions/s, generated tokens/s and p50/p95
 latency per setting, and the ratios against Full one at a time; on a CPU also batched nuggets with int8 weights
 (`NuggetModel.merged_format`).
+
+--http: the bounded load test of `nugget-rag serve` itself (default model, a fresh index of the questions' passages
+sent through POST /ingest), from `--clients` clients over loopback, in two arms of `--requests` streamed /ask
+requests each: every client reads its answer to the end, or `--disconnect` of the requests (every 10th at 0.1) ask
+for a long answer and disconnect after its first line. The arms alternate in `--rounds` parts, so that a shared
+CPU's load falls on both alike. Reports, per arm, errors (a status other than 200, or an error line) and p50/p95
+latency among the requests that stayed, first-line latency, the server's pending requests 2 s after each part (the
+most) and the answers it cancelled.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -60,6 +76,100 @@ def run(batcher: BatchedGenerator, requests: list[tuple], clients: int, settings
             "mean_batch": statistics.mean(batcher.batch_sizes)}
 
 
+def ask_once(port: int, question: str, max_new_tokens: int, leave: bool) -> dict:
+    """One streamed /ask: its status, whether it ended with an error line, its latency and first-line latency; `leave`:
+    disconnect after the first line."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    start = time.perf_counter()
+    try:
+        body = json.dumps({"question": question, "k": 2, "max_new_tokens": max_new_tokens})
+        connection.request("POST", "/ask", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            return {"status": response.status, "error": True, "left": leave}
+        first = time.perf_counter() - start
+        lines = [json.loads(response.readline())]
+        if not leave:
+            lines += [json.loads(line) for line in response if line.strip()]
+        return {"status": 200, "error": any("error" in line for line in lines), "left": leave, "first_s": first,
+                "latency_s": time.perf_counter() - start}
+    finally:
+        connection.close()
+
+
+def server_state(port: int) -> tuple[int, float]:
+    """The server's pending requests and the answers it has cancelled so far."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as response:
+        pending = json.loads(response.read())["pending"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as response:
+        cancelled = sum(float(line.rsplit(" ", 1)[1]) for line in response.read().decode().splitlines()
+                        if line.startswith("nugget_rag_cancelled_requests_total"))
+    return pending, cancelled
+
+
+def http_main(args: argparse.Namespace) -> int:
+    records = read_squad(args.data, "dev")[: args.requests]
+    passages = list(dict.fromkeys(r["context"] for r in records))[: args.passages]
+    questions = [r["question"] for r in records if r["context"] in passages]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as index_dir:
+        command = [sys.executable, "-m", "nugget_rag.cli", "serve", "--index", index_dir, "--port", str(port)]
+        server = subprocess.Popen(command)
+        try:
+            for _ in range(600):
+                try:
+                    server_state(port)
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            ingest = urllib.request.Request(f"http://127.0.0.1:{port}/ingest",
+                                            data=json.dumps({"documents": passages}).encode(),
+                                            headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(ingest, timeout=3600) as response:
+                print(f"ingested {len(passages)} passages: {json.loads(response.read())}", flush=True)
+            every = round(1 / args.disconnect)
+            arms = {"all read to the end": lambda i: False, f"1 in {every} disconnects": lambda i: i % every == 0}
+            results: dict[str, list[dict]] = {name: [] for name in arms}
+            pending, cancelled = dict.fromkeys(arms, 0), dict.fromkeys(arms, 0.0)
+            per_round = args.requests // args.rounds
+            for part in range(args.rounds):
+                for name, leaves in arms.items():
+                    numbers = range(part * per_round, (part + 1) * per_round)
+
+                    def one(i: int) -> dict:
+                        leave = leaves(i)
+                        return ask_once(port, questions[i % len(questions)],
+                                        args.long_tokens if leave else args.max_new_tokens, leave)
+
+                    before = server_state(port)[1]
+                    with ThreadPoolExecutor(args.clients) as pool:
+                        results[name] += pool.map(one, numbers)
+                    time.sleep(2)  # the server notices the last disconnects
+                    now_pending, now_cancelled = server_state(port)
+                    pending[name] = max(pending[name], now_pending)
+                    cancelled[name] += now_cancelled - before
+        finally:
+            server.terminate()
+            server.wait(60)
+    print(f"\n{args.requests} streamed /ask requests per arm, {args.clients} clients, <= {args.max_new_tokens} new "
+          f"tokens (those that disconnect ask for {args.long_tokens}), k = 2, {len(passages)} SQuAD dev passages, "
+          f"arms alternating in {args.rounds} rounds\n")
+    print("| arm | stayed | errors among them | p50 latency (s) | p95 latency (s) | p50 first line (s) | left | "
+          "pending 2 s after (most) | cancelled |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        stayed = [r for r in rows if not r["left"]]
+        latencies = sorted(r["latency_s"] for r in stayed if "latency_s" in r)
+        firsts = [r["first_s"] for r in rows if "first_s" in r]
+        p95 = latencies[int(0.95 * (len(latencies) - 1))] if latencies else float("nan")
+        print(f"| {name} | {len(stayed)} | {sum(r['error'] for r in stayed)} | {statistics.median(latencies):.2f} | "
+              f"{p95:.2f} | {statistics.median(firsts):.2f} | {len(rows) - len(stayed)} | {pending[name]} | "
+              f"{cancelled[name]:g} |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
@@ -67,7 +177,15 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--http", action="store_true", help="load-test `nugget-rag serve` over HTTP (see above)")
+    parser.add_argument("--requests", type=int, default=200, help="--http: requests per arm")
+    parser.add_argument("--disconnect", type=float, default=0.1, help="--http: the share of requests that leave")
+    parser.add_argument("--long-tokens", type=int, default=300, help="--http: max_new_tokens of those that leave")
+    parser.add_argument("--rounds", type=int, default=4, help="--http: parts the arms alternate in")
+    parser.add_argument("--passages", type=int, default=32, help="--http: SQuAD dev passages in the index")
     args = parser.parse_args()
+    if args.http:
+        return http_main(args)
     torch.set_num_threads(args.threads)
     model = NuggetModel.from_pretrained("default")
     tok = model.tokenizer

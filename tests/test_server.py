@@ -492,7 +492,9 @@ def test_a_key_guards_every_path_but_health(index, authorization):
     with TestClient(create_app(index, None, api_key=KEY)) as client:
         headers = {"Authorization": authorization} if authorization else {}
         for method, path in [("POST", "/ask"), ("POST", "/ingest"), ("POST", "/compress"), ("GET", "/metrics"),
-                             ("GET", "/v1/models"), ("POST", "/v1/chat/completions")]:
+                             ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/ingest/jobs"),
+                             ("GET", "/ingest/jobs"), ("GET", "/ingest/jobs/ingest-1"),
+                             ("DELETE", "/ingest/jobs/ingest-1")]:
             response = client.request(method, path, json={"documents": TEXTS}, headers=headers)
             assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
             assert KEY not in response.text and response.json() == {
