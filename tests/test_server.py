@@ -313,7 +313,7 @@ def test_a_background_ingest_job_reports_progress_and_can_be_cancelled(index, tm
         assert missing.status_code == 404 and "'ingest-nope'" in missing.json()["detail"]
 
 
-def test_questions_keep_their_latency_while_a_500_document_job_runs(index, tmp_path):
+def test_questions_keep_their_latency_while_a_500_document_job_runs(index):
     index.ingest([Document(page_content=t) for t in TEXTS])
     documents = [f"Note {i}: the falcon number {i} hunts over river {i % 7}." for i in range(500)]
 
@@ -328,7 +328,8 @@ def test_questions_keep_their_latency_while_a_500_document_job_runs(index, tmp_p
     def p95(latencies: list[float]) -> float:
         return statistics.quantiles(latencies, n=20)[-1]
 
-    with serving(create_app(index, tmp_path)) as url, ThreadPoolExecutor(4) as clients:
+    # the index in memory: in a directory, this 2-core CPU's OpenMP threads make the ingest itself 4x slower
+    with serving(create_app(index, None)) as url, ThreadPoolExecutor(4) as clients:
         idle = list(clients.map(lambda i: ask(url, i), range(40)))
         submitted = urllib.request.Request(f"{url}/ingest/jobs", data=json.dumps({"documents": documents}).encode(),
                                            headers={"Content-Type": "application/json"})
@@ -339,18 +340,21 @@ def test_questions_keep_their_latency_while_a_500_document_job_runs(index, tmp_p
             with urllib.request.urlopen(job_url, timeout=60) as response:
                 return json.loads(response.read())
 
-        def ask_while_ingesting(client: int) -> list[float]:
+        def ask_while_ingesting(client: int) -> list[float]:  # 10 questions, unless the ingest ends first
             latencies = []
-            while job()["status"] in ("queued", "running"):
+            while job()["status"] in ("queued", "running") and len(latencies) < 10:
                 latencies.append(ask(url, client * 1000 + len(latencies)))
             return latencies
 
-        start = time.perf_counter()
         during = [t for latencies in clients.map(ask_while_ingesting, range(4)) for t in latencies]
-        seconds = time.perf_counter() - start
+        progress = job()["done"]
+        start = time.perf_counter()
+        while job()["status"] in ("queued", "running"):
+            time.sleep(0.1)
         assert job()["status"] == "done" and job()["done"] == 500 and len(during) >= 20  # every one answered
     print(f"4 clients: idle p95 {p95(idle) * 1000:.0f} ms ({len(idle)} questions); during a 500-document ingest "
-          f"({seconds:.1f} s) p95 {p95(during) * 1000:.0f} ms ({len(during)} questions)")
+          f"(at {progress} documents after them, done {time.perf_counter() - start:.1f} s later) p95 "
+          f"{p95(during) * 1000:.0f} ms ({len(during)} questions)")
     assert p95(during) < 3 * p95(idle)
 
 
