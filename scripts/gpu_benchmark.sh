@@ -5,7 +5,7 @@
 #
 #   bash scripts/gpu_benchmark.sh OUT_DIR
 #
-# OUT_DIR receives training-throughput.md/json, step-profile.md/json, speed.md/json and bench.log.
+# OUT_DIR receives attention-paths.md/json, training-throughput.md/json, step-profile.md/json, speed.md/json and bench.log.
 # Environment: PYTHON, WHEELS and DATA as for scripts/gpu_session.sh (an offline machine: scripts/offline_bundle.py);
 # BATCH (default 64) the training micro-batch, STEPS (default 16) timed steps per arm.
 set -euo pipefail
@@ -24,12 +24,15 @@ step() {  # NAME SECONDS COMMAND...: one part, bounded, its failure logged and t
   log "$name (at most ${seconds} s)"
   timeout "$seconds" "$@" >>"$out/bench.log" 2>&1 || log "$name stopped (rc $?)"
 }
+step "one training step, reference and fused attention (equal loss and gradients)" 40 "$py" \
+  benchmarks/attention_paths.py --batch-size "${BATCH:-64}" --repeats 5
 step "training throughput, reference and fused attention" 110 "$py" benchmarks/training_throughput.py \
   --batch-size "${BATCH:-64}" --steps "${STEPS:-16}" --group 16 --padding-batches 4 --attention reference fused
 step "step profile, fused attention" 60 "$py" benchmarks/step_profile.py --batch-size "${BATCH:-64}" --warmup 1 \
   --attention fused --sources 3
-cp benchmarks/results/training-throughput.* benchmarks/results/step-profile.* "$out"/ 2>/dev/null || true
+cp benchmarks/results/attention-paths.* benchmarks/results/training-throughput.* benchmarks/results/step-profile.* \
+  "$out"/ 2>/dev/null || true
 step "time to first token and decoding, Full and nuggets" 60 "$py" -m nugget_rag.cli eval --tasks speed \
   --speed-docs 1 4 16 --ratios 10 --out-dir "$out" --name speed --no-plots -q
 log "done"
-cat "$out"/training-throughput.md "$out"/step-profile.md "$out"/speed.md 2>/dev/null || true
+cat "$out"/attention-paths.md "$out"/training-throughput.md "$out"/step-profile.md "$out"/speed.md 2>/dev/null || true
