@@ -86,8 +86,8 @@ class ResolutionPolicy(BaseModel):
         return min(share, self.max_positions) if self.max_positions else share
 
     def allocate(self, scores: Sequence[float], lengths: Sequence[int]) -> list[DocumentReading]:
-        """Spend the budget: the top `expand` documents whole (or as finely as the budget allows), the rest at
-        `skim_ratio` while the budget holds them (the least relevant are dropped first), or dropped."""
+        """Spend the budget: the top `expand` documents first, whole (or as finely as the whole budget allows), then
+        the rest at `skim_ratio` with what is left (the least relevant are dropped first), or dropped."""
         budget = self.positions_budget(lengths)
         order = sorted(range(len(lengths)), key=lambda i: -scores[i])  # stable: ties keep the given order
         rank = {doc: place for place, doc in enumerate(order)}
@@ -95,8 +95,9 @@ class ResolutionPolicy(BaseModel):
         expanded, rest = order[: self.expand], order[self.expand :]
         skimmed = list(rest) if self.skim_ratio else []
         cost = {i: nugget_count(lengths[i], self.skim_ratio) for i in skimmed}
-        # The skimmed documents' reserve must leave the expanded ones at least one position each.
-        while skimmed and sum(cost[i] for i in skimmed) + len(expanded) > budget:
+        # The evidence comes first: skims only take what the expanded documents, read whole, leave.
+        reserve = min(sum(lengths[i] for i in expanded), budget)
+        while skimmed and sum(cost[i] for i in skimmed) + reserve > budget:
             skimmed.pop()
         free = budget - sum(cost[i] for i in skimmed)
         if free < len(expanded):

@@ -140,6 +140,15 @@ def test_rank_reads_the_top_document_whole_and_drops_or_skims_the_rest(compresso
     assert RetrieverRank().decoder_adapter(dropped) is None and RetrieverRank().decoder_adapter(skimmed) == DECODER
 
 
+def test_the_top_document_is_read_whole_before_any_other_is_skimmed(compressor):
+    lengths = [len(compressor.model.tokenizer(t)["input_ids"]) for t in TEXTS]
+    budget = lengths[0] + 2  # the first passage whole leaves room for two one-position skims, not three
+    policy = RetrieverRank(skim_ratio=100, budget=(budget + 0.5) / sum(lengths))
+    readings = policy.plan(QUESTION, TEXTS, compressor)
+    assert [r.ratio for r in readings] == [1.0, 100.0, 100.0, None]  # the least relevant skim is dropped
+    assert sum(r.positions for r in readings) <= policy.positions_budget(lengths)
+
+
 def test_a_document_longer_than_the_budget_is_read_as_finely_as_it_allows(compressor):
     readings = RetrieverRank(budget=0.1).plan(QUESTION, TEXTS, compressor)
     lengths = [len(compressor.model.tokenizer(t)["input_ids"]) for t in TEXTS]
