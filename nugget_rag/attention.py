@@ -128,7 +128,12 @@ class BiasChannelNuggets(ReadNuggets):
             raise ValueError("a nugget's attention bias is not finite (NaN or inf): the Scorer's scores are; check "
                              "the Scorer's weights and inputs")
         self.keys, self.values = keys, values
-        self.channel = nugget_bias.masked_fill(padding, self.PADDING_BIAS)[:, None, :, None]  # [batch, 1, K, 1]
+        self.channel = nugget_bias.masked_fill(padding, self.PADDING_BIAS)[:, None, :, None].to(keys.dtype)  # [b,1,K,1]
+        seen = keys.shape[3] + query_len
+        if token_mask.device.type == "cuda":  # the fused kernels take lower-right causality as a flag
+            self.causal = causal_lower_right(query_len, seen)
+        else:  # CPU kernels take a boolean mask (no grad)
+            self.causal = torch.ones(query_len, seen, dtype=torch.bool, device=token_mask.device).tril(seen - query_len)
 
     @staticmethod
     def fits(token_mask: torch.Tensor, query_len: int) -> bool:
@@ -142,15 +147,10 @@ class BiasChannelNuggets(ReadNuggets):
         key = torch.cat([torch.cat([nugget_keys, bias], dim=-1), F.pad(key, (0, 1))], dim=2)
         value = F.pad(torch.cat([self.values[layer].to(value.dtype), value], dim=2), (0, 1))
         query = torch.cat([query, query.new_full((*query.shape[:-1], 1), 1 / scale)], dim=-1)
-        seen, rows = key.shape[2], query.shape[2]
-        if query.device.type == "cuda":  # the fused kernels take lower-right causality as a flag
-            mask = causal_lower_right(rows, seen)
-            groups = query.shape[1] // key.shape[1]
-            if groups > 1 and not flash_takes_groups(query, key, value):
-                key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-        else:  # CPU kernels take a boolean mask (no grad)
-            mask = torch.ones(rows, seen, dtype=torch.bool, device=query.device).tril(seen - rows)
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale,
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1 and query.device.type == "cuda" and not flash_takes_groups(query, key, value):
+            key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=self.causal, dropout_p=dropout, scale=scale,
                                              enable_gqa=query.shape[1] != key.shape[1])
         return out[..., :-1]
 
