@@ -114,6 +114,7 @@ def test_outputs_json_markdown_plots_and_benchmarks_section(model, data_dir, tmp
     md = (tmp_path / "out" / "eval.md").read_text()
     assert "### squad: accuracy" in md and "| r = 4 | r = 8 |" in md and "BLEU by input length" in md
     assert "Speed and memory" in md and "greedy-optimal" in md
+    assert f"| 1 | {speed['adaptive']['positions']} |" in md  # the default chain's policy over stored states
     assert "### cnndm: ROUGE-1 / ROUGE-2 / ROUGE-L F1" in md
     assert md.index("### autoencoding") < md.index("### squad") < md.index("### cnndm") < md.index("### lm")
     for plot in results["files"]["plots"]:

@@ -135,6 +135,15 @@ def _speed_table(speed: dict) -> list[str]:
                 f"{e['decode_s_per_token'] * 1000:.1f} | {e['kv_reduction_docs']:.1f}x | "
                 f"{e['compress_tokens_per_s']:.0f} | {e['store_hit_memory_s'] * 1000:.2f} / "
                 f"{e['store_hit_disk_s'] * 1000:.2f} |")
+    adaptive = [row for row in speed["rows"] if "adaptive" in row]
+    if adaptive:
+        out += ["", "The default chain's resolution policy over stored states (its probe and the store reads "
+                "included in TTFT):", "",
+                "| documents | positions read | TTFT Full (s) | TTFT policy (s) | speed-up | decode policy (ms/tok) |",
+                "|---|---|---|---|---|---|"]
+        out += [f"| {row['documents']} | {row['adaptive']['positions']} | {_fmt(row.get('ttft_full_s'), 3)} | "
+                f"{row['adaptive']['ttft_s']:.3f} | {_fmt(row['adaptive'].get('ttft_speedup'))}x | "
+                f"{row['adaptive']['decode_s_per_token'] * 1000:.1f} |" for row in adaptive]
     sizes = [(row["documents"], ratio, e["stored_bytes_per_token"]) for row in speed["rows"]
              for ratio, e in row["nugget"].items() if "stored_bytes_per_token" in e]
     if sizes:
