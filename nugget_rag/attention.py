@@ -180,8 +180,16 @@ def nugget_attention(
     if nuggets is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    return _attend_nuggets(nuggets, module.layer_idx, query, key, value, scaling, dropout)
+
+
+# Left out of torch.compile (NuggetModel.compile_layers): the nugget objects it records into and each layer's index
+# would make every layer its own compiled variant. A plain pass (decoding over a static cache) compiles whole.
+@torch.compiler.disable
+def _attend_nuggets(nuggets: CaptureNuggets | ReadNuggets, layer: int, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, scaling: float | None, dropout: float) -> tuple[torch.Tensor, None]:
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    out = nuggets.attend(module.layer_idx, query, key, value, scale, dropout)
+    out = nuggets.attend(layer, query, key, value, scale, dropout)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -223,9 +231,7 @@ def _mask(*args, **kwargs) -> torch.Tensor | None:
     return None if _NUGGET_FORWARD.get() else sdpa_mask(*args, **kwargs)
 
 
-# Left out of torch.compile (NuggetModel.compile_layers): the nugget objects it records into and each layer's index
-# would make every layer its own compiled variant.
-AttentionInterface.register(ATTENTION_NAME, torch.compiler.disable(nugget_attention))
+AttentionInterface.register(ATTENTION_NAME, nugget_attention)
 AttentionMaskInterface.register(ATTENTION_NAME, _mask)
 
 

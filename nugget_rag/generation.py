@@ -20,6 +20,7 @@ from .config import DECODER
 from .layout import NuggetLayout, decoder_positions
 from .model import NuggetModel
 from .state import NuggetState
+from .static_decoding import StaticDecoding
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +181,17 @@ def generation_steps(
     positions = decoder_positions(layout.next_positions, token_mask)
     prefilled = prefill_nuggets(layout, token_mask)
     cache = DynamicCache() if prefilled is None else prefilled[0]
-    active = list(range(len(prompts)))  # the rows still decoded, by their index in the batch
+    static = None  # decoding over a static cache keeps every row in the batch: its step's shapes never change
+    if model.decoding != "dynamic" and prefilled is not None:
+        static = StaticDecoding(model, layout.keys, layout.values, prefilled[1], embeds.shape[1] + steps,
+                                compiled=model.decoding == "compiled")
+    active = list(range(len(prompts)))  # the rows in the batch, by their index among the prompts
     for step in range(steps):
         # The model is shared: `run` holds it for one step, never across a yield, so that other calls (another
         # stream, a compression) interleave with a paused stream instead of waiting for it. The KV cache is ours.
-        if prefilled is None:
+        if static is not None:
+            hidden = static.run(model, adapter, embeds, positions, token_mask[:, -embeds.shape[1] :])
+        elif prefilled is None:
             hidden = model.run(adapter, layout.reader(token_mask, embeds.shape[1]), inputs_embeds=embeds,
                                position_ids=positions, cache=cache)
         else:  # the nuggets are the cache's first entries: standard attention (no mask at all without padding)
@@ -199,6 +206,8 @@ def generation_steps(
             generated = torch.cat([generated, tokens[:, None]], dim=1)
         pieces = [""] * len(prompts)
         for i, token in zip(active, tokens.tolist()):
+            if reasons[i] is not None or i in leave:  # a row kept in a static batch after it ended
+                continue
             tracker = trackers[i]
             if token in eos:
                 pieces[i] = tracker.finish()
@@ -214,7 +223,7 @@ def generation_steps(
         keep = [j for j, i in enumerate(active) if reasons[i] is None and i not in leave]
         if not keep:
             return
-        if len(keep) < len(active):  # rows left: the next steps decode only the others
+        if len(keep) < len(active) and static is None:  # rows left: the next steps decode only the others
             active = [active[j] for j in keep]
             rows = torch.tensor(keep, device=model.device)
             tokens, token_mask, positions, generated = tokens[rows], token_mask[rows], positions[rows], generated[rows]

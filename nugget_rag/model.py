@@ -32,6 +32,7 @@ from .layout import NuggetLayout
 from .prefix_cache import PrefixCache
 from .scorer import Scorer, rank_nuggets, select_nuggets
 from .state import NuggetState
+from .static_decoding import Decoding
 
 PREFIX_CACHE_SIZE = 8  # prompt openings kept between queries (one per system prompt in use, typically)
 COMPILED_VARIANTS = 64  # torch.compile recompilations allowed per layer function (adapters x grad modes x shapes)
@@ -85,6 +86,10 @@ class NuggetModel(nn.Module):
         # How decoder passes that fit it (right-padded, one pass: training) attend to nuggets: "fused" without a float
         # mask (attention.BiasChannelNuggets), "reference" under one, "auto" fused on CUDA.
         self.attention: Literal["auto", "fused", "reference"] = "auto"
+        # How generation decodes after the prompt: "dynamic" (a growing KV cache, eager), "static" (a preallocated
+        # one) or "compiled" (static, each step through torch.compile: CUDA graphs on CUDA). static_decoding.py.
+        self.decoding: Decoding = "dynamic"
+        self._compiled: dict[str, nn.Module] = {}
         self.set_trainable()
         self.eval()
 
@@ -141,14 +146,21 @@ class NuggetModel(nn.Module):
         """The rotary frequencies, which move a key to another position (attention.rotate_keys)."""
         return self.llama.model.rotary_emb.inv_freq
 
-    def run(self, adapter: str | None, nuggets: CaptureNuggets | ReadNuggets | None = None,
+    def run(self, adapter: str | None, nuggets: CaptureNuggets | ReadNuggets | None = None, compiled: bool = False,
             **inputs: torch.Tensor | object) -> torch.Tensor:
         """One pass of the inner LLaMA model with `adapter` active (None: the frozen base model), under the model's
         lock; returns the last hidden states. `inputs`: input_ids or inputs_embeds, and position_ids,
-        attention_mask or a KV `cache`. The only caller of the inner model: adapter switches are global."""
+        attention_mask or a KV `cache`. The only caller of the inner model: adapter switches are global.
+        `compiled`: through torch.compile's "reduce-overhead" mode (CUDA graphs on CUDA), for fixed shapes."""
         use_cache = inputs.get("cache") is not None
         with self.lock, self.use_adapter(adapter):
-            return self.llama.model(nuggets=nuggets, use_cache=use_cache, **inputs).last_hidden_state
+            inner = self._compiled_inner() if compiled else self.llama.model
+            return inner(nuggets=nuggets, use_cache=use_cache, **inputs).last_hidden_state
+
+    def _compiled_inner(self) -> nn.Module:
+        if "inner" not in self._compiled:  # a dict, not an attribute: a compiled copy is no submodule of the model
+            self._compiled["inner"] = torch.compile(self.llama.model, mode="reduce-overhead")
+        return self._compiled["inner"]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer (never adapted; in int8 without autograd when `merged_format` is "int8")."""
