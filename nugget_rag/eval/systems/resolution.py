@@ -2,11 +2,13 @@
 
 `<policy>_select` reads the passage the policy ranks first whole and drops the rest; `<policy>_adaptive` reads it
 whole and skims the others at the run's ratio; both within the policy's budget (0.35 of the passages' tokens).
-`oracle_*` choose the gold passage (the task knows it): a reference, not a system.
+`likelihood_*_top2` and `oracle_*_top2` read the first two whole (multi-hop: HotpotQA's answers need two paragraphs).
+`oracle_*` choose the gold passages (the task knows them): a reference, not a system.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import ClassVar
 
 from pydantic import Field
@@ -25,9 +27,18 @@ class TopPassageText(System):
     kinds = QA
     in_default = False
     description = "The frozen model reading the retriever's first passage in the prompt, the others left out."
+    passages: ClassVar[int] = 1
 
     def prepare(self, env: Env, queries, ratio):
-        return [Reading(texts=list(q.documents[:1]), text_ids=list(q.document_ids[:1])) for q in queries]
+        return [Reading(texts=list(q.documents[: self.passages]), text_ids=list(q.document_ids[: self.passages]))
+                for q in queries]
+
+
+@register("top2_text")
+class TopTwoPassagesText(TopPassageText):
+    label = "k = 2 text (the first two passages)"
+    description = "The frozen model reading the retriever's first two passages in the prompt, the others left out."
+    passages = 2
 
 
 class GoldChoice(ResolutionPolicy):
@@ -47,13 +58,15 @@ class PolicyReading(System):
     in_default = False
     policy: ClassVar[type[ResolutionPolicy]]
     skim: ClassVar[bool]
+    expand: ClassVar[int] = 1
     whole_reading: ClassVar[str] = "text"
 
     def prepare(self, env: Env, queries, ratio):
         compressor = env.cache.get("resolution_compressor")
         if compressor is None:
             compressor = env.cache["resolution_compressor"] = NuggetCompressor(model=env.model)
-        policy = self.policy(skim_ratio=ratio if self.skim else None, whole_reading=self.whole_reading)
+        policy = self.policy(skim_ratio=ratio if self.skim else None, expand=self.expand,
+                             whole_reading=self.whole_reading)
         out: list[Reading | Skipped] = []
         for q in queries:
             if any(len(ids) == 0 for ids in q.document_ids):
@@ -77,13 +90,14 @@ _DESCRIPTIONS = {
 for _name, _policy in [*POLICIES.items(), ("oracle", GoldChoice)]:
     if _name == "uniform":
         continue
-    for _skim in (False, True):
-        _suffix = "adaptive" if _skim else "select"
+    for _skim, _expand in itertools.product((False, True), (1, 2) if _name in ("likelihood", "oracle") else (1,)):
+        _suffix = ("adaptive" if _skim else "select") + ("" if _expand == 1 else f"_top{_expand}")
+        _first = "first passage" if _expand == 1 else f"first {_expand} passages"
         register(f"{_name}_{_suffix}")(type(f"{_policy.__name__}{_suffix.title()}", (PolicyReading,), {
-            "policy": _policy, "skim": _skim, "uses_ratio": _skim,
-            "label": f"{_name}: first passage whole" + (", the rest at r" if _skim else ", the rest dropped"),
-            "description": f"Reads {_DESCRIPTIONS[_name]} whole as text"
-                           + (", the others as nuggets at r." if _skim else " and drops the others."),
+            "policy": _policy, "skim": _skim, "uses_ratio": _skim, "expand": _expand,
+            "label": f"{_name}: {_first} whole" + (", the rest at r" if _skim else ", the rest dropped"),
+            "description": f"Reads {_DESCRIPTIONS[_name]}" + ("" if _expand == 1 else f" (the top {_expand})")
+                           + " whole as text" + (", the others as nuggets at r." if _skim else " and drops the others."),
         }))
 
 
