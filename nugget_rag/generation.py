@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Collection, Iterator, Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,7 +20,7 @@ from .config import DECODER
 from .layout import NuggetLayout, decoder_positions
 from .model import NuggetModel
 from .state import NuggetState
-from .static_decoding import StaticDecoding
+from .static_decoding import Decoding, StaticDecoding
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,8 @@ def generation_steps(
     positions = decoder_positions(layout.next_positions, token_mask)
     prefilled = prefill_nuggets(layout, token_mask)
     cache = DynamicCache() if prefilled is None else prefilled[0]
+    if model.decoding not in get_args(Decoding):
+        raise ValueError(f"model.decoding is {model.decoding!r}; use one of {get_args(Decoding)}")
     static = None  # decoding over a static cache keeps every row in the batch: its step's shapes never change
     if model.decoding != "dynamic" and prefilled is not None:
         static = StaticDecoding(model, layout.keys, layout.values, prefilled[1], embeds.shape[1] + steps,

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The first thing to run on a lent GPU (about 3 minutes): training throughput and MFU with the reference and the
+# The first thing to run on a lent GPU: training throughput and MFU with the reference and the
 # fused attention side by side, where a micro-batch's time goes, and time to first token and per-token decoding,
-# Full against nuggets at 1, 4 and 16 documents. BENCHMARKS.md takes its GPU figures from what this writes.
+# Full against nuggets at 1, 4 and 16 documents, eager and with each decoding step a CUDA graph (about 5 minutes
+# with the compile). BENCHMARKS.md takes its GPU figures from what this writes.
 #
 #   bash scripts/gpu_benchmark.sh OUT_DIR
 #
-# OUT_DIR receives attention-paths.md/json, training-throughput.md/json, step-profile.md/json, speed.md/json and bench.log.
+# OUT_DIR receives attention-paths.md/json, training-throughput.md/json, step-profile.md/json, speed.md/json,
+# speed-compiled.md/json and bench.log.
 # Environment: PYTHON, WHEELS and DATA as for scripts/gpu_session.sh (an offline machine: scripts/offline_bundle.py);
 # BATCH (default 64) the training micro-batch, STEPS (default 16) timed steps per arm.
 set -euo pipefail
@@ -34,5 +36,10 @@ cp benchmarks/results/attention-paths.* benchmarks/results/training-throughput.*
   "$out"/ 2>/dev/null || true
 step "time to first token and decoding, Full and nuggets" 60 "$py" -m nugget_rag.cli eval --tasks speed \
   --speed-docs 1 4 16 --ratios 10 --out-dir "$out" --name speed --no-plots -q
+step "compiled decoding equals eager token for token (CUDA graphs)" 90 "$py" -m pytest -q -p no:cacheprovider \
+  tests/test_static_decoding.py
+step "the same speed run, each decoding step a CUDA graph" 150 "$py" -m nugget_rag.cli eval --tasks speed \
+  --speed-docs 1 4 16 --ratios 10 --decoding compiled --out-dir "$out" --name speed-compiled --no-plots -q
 log "done"
-cat "$out"/attention-paths.md "$out"/training-throughput.md "$out"/step-profile.md "$out"/speed.md 2>/dev/null || true
+cat "$out"/attention-paths.md "$out"/training-throughput.md "$out"/step-profile.md "$out"/speed.md \
+  "$out"/speed-compiled.md 2>/dev/null || true

@@ -78,6 +78,14 @@ def test_rows_that_end_stay_in_a_static_batch_and_say_nothing_more(setup, monkey
     assert texts[2] == generate(model, [samples[2]], [prompts[2]], settings)[0]
 
 
+def test_an_unknown_decoding_is_named(setup):
+    model, samples, prompts = setup
+    model.decoding = "cuda_graphs"
+    with pytest.raises(ValueError, match="'cuda_graphs'.*compiled"):
+        generate(model, samples, prompts, GenerationSettings(max_new_tokens=2))
+    model.decoding = "dynamic"
+
+
 def test_the_cache_is_sized_in_steps_so_similar_requests_share_a_shape(setup):
     model, samples, _ = setup
     layout = model.layout(samples[:1], None, "decoder")

@@ -13,8 +13,10 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
 
 from ..cli_options import add_checkpoint_option, add_weights_option
+from ..static_decoding import Decoding
 from .config import TASKS, EvalConfig, all_systems
 
 
@@ -60,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     add_weights_option(parser)
+    parser.add_argument("--decoding", choices=get_args(Decoding), default="dynamic",
+                        help="how answers decode after the prompt: compiled records each step as a CUDA graph on "
+                             "CUDA (static: the same cache, eager; default dynamic)")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--ae-lengths", type=int, nargs="+", metavar="N", help="autoencoding lengths (default 100..500)")
@@ -95,7 +100,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
         "task_limits": {k: _int(k, v) for k, v in args.task_limit},
         "sample": args.sample, "sample_seed": args.sample_seed,
         "checkpoint": args.checkpoint, "full_checkpoint": args.full_checkpoint, "base_model": args.base_model,
-        "device": args.device, "dtype": args.dtype, "weights": args.weights, "threads": args.threads, "batch_size": args.batch_size,
+        "device": args.device, "dtype": args.dtype, "weights": args.weights, "decoding": args.decoding, "threads": args.threads, "batch_size": args.batch_size,
         "optimal": args.optimal, "optimal_examples": args.optimal_examples, "out_dir": args.out_dir, "name": args.name, "plots": not args.no_plots,
         "progress": not args.quiet, "write_benchmarks": args.write_benchmarks,
         "resume": args.resume,

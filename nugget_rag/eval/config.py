@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config import MergedFormat
+from ..static_decoding import Decoding
 
 TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa", "long_cnndm", "squad_rag", "hotpotqa_rag")
 DEFAULT_FILES = {
@@ -75,6 +76,8 @@ class EvalConfig(BaseModel):
     dtype: str | None = None
     weights: MergedFormat = Field(
         "float", description="How the decoder adapter's passes run: int8 on a CPU (NuggetModel.merged_format).")
+    decoding: Decoding = Field("dynamic", description="How generation decodes after the prompt (NuggetModel.decoding): "
+                               "compiled records each step as a CUDA graph on CUDA.")
     threads: int | None = Field(None, ge=1)
     batch_size: int = Field(4, ge=1)
     qa_max_new_tokens: int = Field(64, ge=1, description="Paper App. E: at most 64 new tokens.")

@@ -33,7 +33,8 @@ def machine_description(model: NuggetModel) -> str:
     else:
         where = f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
     weights = "" if model.merged_format == "float" else f", {model.merged_format} decoder"
-    return f"{where}; torch {torch.__version__}; {model.dtype}{weights}".replace("torch.", "")
+    decoding = "" if model.decoding == "dynamic" else f", {model.decoding} decoding"
+    return f"{where}; torch {torch.__version__}; {model.dtype}{weights}{decoding}".replace("torch.", "")
 
 
 def load_models(cfg: EvalConfig) -> tuple[NuggetModel, NuggetModel | None, str | None]:
@@ -41,6 +42,7 @@ def load_models(cfg: EvalConfig) -> tuple[NuggetModel, NuggetModel | None, str |
 
     model = NuggetModel.from_pretrained(cfg.checkpoint, base_model=cfg.base_model, device=cfg.device, dtype=cfg.dtype)
     model.merged_format = cfg.weights
+    model.decoding = cfg.decoding
     full = None
     if cfg.full_checkpoint is not None:
         full = NuggetModel.from_pretrained(cfg.full_checkpoint, base_model=cfg.base_model, device=cfg.device,
