@@ -86,10 +86,7 @@ class NuggetModel(nn.Module):
         # How decoder passes that fit it (right-padded, one pass: training) attend to nuggets: "fused" without a float
         # mask (attention.BiasChannelNuggets), "reference" under one, "auto" fused on CUDA.
         self.attention: Literal["auto", "fused", "reference"] = "auto"
-        # How generation decodes after the prompt: "dynamic" (a growing KV cache, eager), "static" (a preallocated
-        # one) or "compiled" (static, each step through torch.compile: CUDA graphs on CUDA). static_decoding.py.
-        self.decoding: Decoding = "dynamic"
-        self._compiled: dict[str, nn.Module] = {}
+        self.decoding: Decoding = "dynamic"  # how generation decodes after the prompt (static_decoding.py)
         self.set_trainable()
         self.eval()
 
@@ -146,21 +143,16 @@ class NuggetModel(nn.Module):
         """The rotary frequencies, which move a key to another position (attention.rotate_keys)."""
         return self.llama.model.rotary_emb.inv_freq
 
-    def run(self, adapter: str | None, nuggets: CaptureNuggets | ReadNuggets | None = None, compiled: bool = False,
-            **inputs: torch.Tensor | object) -> torch.Tensor:
+    def run(self, adapter: str | None, nuggets: CaptureNuggets | ReadNuggets | None = None,
+            inner: nn.Module | None = None, **inputs: torch.Tensor | object) -> torch.Tensor:
         """One pass of the inner LLaMA model with `adapter` active (None: the frozen base model), under the model's
         lock; returns the last hidden states. `inputs`: input_ids or inputs_embeds, and position_ids,
-        attention_mask or a KV `cache`. The only caller of the inner model: adapter switches are global.
-        `compiled`: through torch.compile's "reduce-overhead" mode (CUDA graphs on CUDA), for fixed shapes."""
+        attention_mask or a KV `cache`. The only caller of the inner model (or of `inner`, a compiled wrapper of
+        it): adapter switches are global."""
         use_cache = inputs.get("cache") is not None
         with self.lock, self.use_adapter(adapter):
-            inner = self._compiled_inner() if compiled else self.llama.model
+            inner = self.llama.model if inner is None else inner
             return inner(nuggets=nuggets, use_cache=use_cache, **inputs).last_hidden_state
-
-    def _compiled_inner(self) -> nn.Module:
-        if "inner" not in self._compiled:  # a dict, not an attribute: a compiled copy is no submodule of the model
-            self._compiled["inner"] = torch.compile(self.llama.model, mode="reduce-overhead")
-        return self._compiled["inner"]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer (never adapted; in int8 without autograd when `merged_format` is "int8")."""

@@ -12,6 +12,7 @@ at small batch is bound by reading the weights, so an idle row costs little.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -20,8 +21,20 @@ from transformers import StaticCache
 if TYPE_CHECKING:
     from .model import NuggetModel
 
+# "dynamic": a KV cache that grows, eager (the default); "static": a preallocated one; "compiled": static, each
+# one-token step through torch.compile (CUDA graphs on CUDA).
 Decoding = Literal["dynamic", "static", "compiled"]
 CAPACITY_STEP = 256  # caches are sized in steps of this many positions, so that similar requests share one graph
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its inner LLaMA, compiled once
+
+
+def compiled_inner(model: NuggetModel) -> torch.nn.Module:
+    """The model's inner LLaMA through torch.compile's "reduce-overhead" mode (CUDA graphs on CUDA)."""
+    if model not in _COMPILED:
+        _COMPILED[model] = torch.compile(model.llama.model, mode="reduce-overhead")
+    return _COMPILED[model]
 
 
 class StaticDecoding:
@@ -54,5 +67,6 @@ class StaticDecoding:
         self.seen.index_copy_(1, new, token_mask.to(self.seen.dtype))
         causal = self.columns[None, :] <= new[:, None]  # [q, capacity]
         mask = self.seen[:, None, None, :] & causal[None, None]  # [batch, 1, q, capacity]: a mask transformers keeps
-        return model.run(adapter, compiled=self.compiled and embeds.shape[1] == 1, inputs_embeds=embeds, position_ids=positions,
-                         cache=self.cache, attention_mask=mask)
+        inner = compiled_inner(model) if self.compiled and embeds.shape[1] == 1 else None
+        return model.run(adapter, inner=inner, inputs_embeds=embeds, position_ids=positions, cache=self.cache,
+                         attention_mask=mask)
