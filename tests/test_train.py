@@ -482,6 +482,38 @@ def test_a_scorer_learning_rate_of_zero_keeps_the_scorer(data, tmp_path):
     assert any(not torch.equal(before[n], after[n]) for n in before if f".{DECODER}." in n and "lora_" in n)
 
 
+def test_an_encoder_learning_rate_of_zero_keeps_every_stored_state_valid(data, tmp_path, monkeypatch):
+    model = tiny_model()
+    before, fingerprint = snapshot(model), model.fingerprint(ranked=True)
+    encoder_grads = []
+    step = torch.optim.AdamW.step
+
+    def spy(self, *args, **kwargs):
+        encoder_grads.extend(p.grad for p in model.adapter_parameters(ENCODER))
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", spy)
+    train(config(tmp_path, [source("qa", data), source("autoencoding", data)],
+                 optim={"warmup_steps": 1, "lr": 1e-3, "encoder_lr": 0, "scorer_lr": 0}), model)
+    after = snapshot(model)
+    assert all(torch.equal(before[n], after[n]) for n in before if f".{ENCODER}." in n)
+    assert any(not torch.equal(before[n], after[n]) for n in before if f".{DECODER}." in n and "lora_" in n)
+    assert encoder_grads and all(g is None for g in encoder_grads)  # not differentiated, not only not stepped
+    assert model.fingerprint(ranked=True) == fingerprint  # with the Scorer kept too (scorer_lr 0)
+
+
+def test_resume_takes_a_nested_setting_added_since_as_its_default(data, tmp_path):
+    train(config(tmp_path, [source("autoencoding", data)], max_steps=2), tiny_model())
+    saved = tmp_path / "run" / CONFIG_FILE
+    written = json.loads(saved.read_text())
+    del written["optim"]["encoder_lr"]  # as written before the setting existed
+    saved.write_text(json.dumps(written))
+    Trainer(config(tmp_path, [source("autoencoding", data)], max_steps=4), tiny_model())
+    with pytest.raises(ValueError, match="optim"):
+        Trainer(config(tmp_path, [source("autoencoding", data)], max_steps=4,
+                       optim={"warmup_steps": 1, "lr": 1e-3, "encoder_lr": 0}), tiny_model())
+
+
 def rag_builder(data, **readings):
     from nugget_rag.train.config import Lengths
     from nugget_rag.train.data import ExampleBuilder, load_records

@@ -120,6 +120,9 @@ class Optimizer(BaseModel):
     scorer_lr: float | None = Field(None, ge=0, description="Learning rate of the Scorer (default: lr; 0: the Scorer "
                                                            "keeps its weights, e.g. a warm start's).")
     soft_prompt_lr: float | None = Field(None, gt=0, description="Learning rate of the soft prompt (default: lr).")
+    encoder_lr: float | None = Field(None, ge=0, description=(
+        "Learning rate of the encoder adapter (default: lr; 0: it keeps its weights and is not differentiated; "
+        "with scorer_lr 0 too, every state stored with the starting checkpoint stays valid: only the reader learns)."))
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)

@@ -70,13 +70,15 @@ class ObjectiveLoss(nn.Module):
     """forward(batch) -> loss of the batch's objective (a module, so Accelerate/DDP can wrap it).
 
     With distillation, the loss is (1 - w) CE + w KL to the teacher; `terms` holds the last batch's CE and KL, and
-    `flops` its model FLOPs (None in autoregressive mode, which is not counted).
+    `flops` its model FLOPs (None in autoregressive mode, which is not counted). `train_encoder=False`
+    (optim.encoder_lr 0) leaves the encoder adapter out of every objective's gradient.
     """
 
     def __init__(self, model: NuggetModel, sources: list[Source], distill: Distillation | None = None,
-                 teacher: Teacher | None = None, stream: StreamSettings | None = None):
+                 teacher: Teacher | None = None, stream: StreamSettings | None = None, train_encoder: bool = True):
         super().__init__()
         self.model = model
+        self.train_encoder = train_encoder
         self.sources = sources
         self.stream = stream or StreamSettings()
         self.distill = distill if distill is not None and distill.weight > 0 else None
@@ -90,7 +92,8 @@ class ObjectiveLoss(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         source = self.sources[batch.source]
-        self.model.set_trainable(**vars(parts_of(source)))
+        parts = vars(parts_of(source))
+        self.model.set_trainable(**parts | {"encoder": parts["encoder"] and self.train_encoder})
         objective = OBJECTIVES[source.objective]
         self.flops = None
         if objective.autoregressive:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..base_model import load_base_model
 from ..checkpoint_files import DEFAULT_CHECKPOINT, checkpoint_config, default_checkpoint_for
-from ..config import DECODER
+from ..config import DECODER, ENCODER
 from ..files import write_atomic
 from ..generation import GenerationSettings, generate
 from ..model import NuggetModel
@@ -104,7 +104,8 @@ class Trainer:
         self.mixture, self.dev = self._data()
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.objective = ObjectiveLoss(model, config.data, config.distill, self.teacher, config.stream)
+        self.objective = ObjectiveLoss(model, config.data, config.distill, self.teacher, config.stream,
+                                       train_encoder=config.optim.encoder_lr != 0)
         self.loss, self.optimizer = self.accelerator.prepare(self.objective, self.optimizer)
         self.step = 0
         self.passes = 1  # forward/backward passes per micro-batch: doubled when one runs out of GPU memory
@@ -130,7 +131,9 @@ class Trainer:
         saved = self.out / CONFIG_FILE
         if checkpoint.latest(self.out) is not None and saved.is_file():
             now = self.config.resume_key()
-            before = self._defaults(set(now)) | json.loads(saved.read_text())
+            defaults = self._defaults(set(now))
+            before = defaults | {k: defaults[k] | v if isinstance(v, dict) and isinstance(defaults.get(k), dict) else v
+                                 for k, v in json.loads(saved.read_text()).items()}
             differ = sorted(k for k in now if before.get(k) != now[k])
             changed = [k for k in differ if k in RECIPE]
             if changed:
@@ -145,7 +148,8 @@ class Trainer:
                 )
 
     def _defaults(self, names: set[str]) -> dict:
-        """The defaults of these settings: a setting added after a run began counts as its default there."""
+        """The defaults of these settings: a setting added after a run began counts as its default there (a nested
+        one too, such as optim.encoder_lr)."""
         fields = type(self.config).model_fields
         return {k: TypeAdapter(fields[k].annotation).dump_python(fields[k].get_default(call_default_factory=True),
                                                                  mode="json") for k in names if not fields[k].is_required()}
@@ -183,11 +187,14 @@ class Trainer:
 
     def _optimizer(self) -> torch.optim.Optimizer:
         opt, model = self.config.optim, self.model
+        adapters = (ENCODER, DECODER) if opt.encoder_lr is None else (DECODER,)
         groups = [
-            {"params": [p for name in ("encoder", DECODER) for p in model.adapter_parameters(name)], "lr": opt.lr},
+            {"params": [p for name in adapters for p in model.adapter_parameters(name)], "lr": opt.lr},
             {"params": list(model.scorer.parameters()), "lr": opt.lr if opt.scorer_lr is None else opt.scorer_lr},
             {"params": [model.soft_prompt], "lr": opt.soft_prompt_lr or opt.lr},
         ]
+        if opt.encoder_lr:
+            groups.append({"params": list(model.adapter_parameters(ENCODER)), "lr": opt.encoder_lr})
         return torch.optim.AdamW(groups, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
 
     def _ratio(self) -> float | None:
