@@ -130,9 +130,9 @@ class BiasChannelNuggets(ReadNuggets):
         self.keys, self.values = keys, values
         self.channel = nugget_bias.masked_fill(padding, self.PADDING_BIAS)[:, None, :, None].to(keys.dtype)  # [b,1,K,1]
         seen = keys.shape[3] + query_len
-        if token_mask.device.type == "cuda":  # the fused kernels take lower-right causality as a flag
+        if takes_causal_flag(token_mask.device):
             self.causal = causal_lower_right(query_len, seen)
-        else:  # CPU kernels take a boolean mask (no grad)
+        else:
             self.causal = torch.ones(query_len, seen, dtype=torch.bool, device=token_mask.device).tril(seen - query_len)
 
     @staticmethod
@@ -142,8 +142,12 @@ class BiasChannelNuggets(ReadNuggets):
 
     def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
                dropout: float) -> torch.Tensor:
-        nugget_keys = self.keys[layer].to(key.dtype)
-        bias = self.channel.to(key.dtype).expand(-1, nugget_keys.shape[1], -1, -1)
+        # One dtype for all three: under autocast RoPE's float32 cos/sin leave q and k float32 while v is already in
+        # the autocast dtype, and the `CausalBias` dispatch checks dtypes before autocast casts anything.
+        dtype = torch.get_autocast_dtype(query.device.type) if torch.is_autocast_enabled(query.device.type) else value.dtype
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+        nugget_keys = self.keys[layer].to(dtype)
+        bias = self.channel.to(dtype).expand(-1, nugget_keys.shape[1], -1, -1)
         key = torch.cat([torch.cat([nugget_keys, bias], dim=-1), F.pad(key, (0, 1))], dim=2)
         value = F.pad(torch.cat([self.values[layer].to(value.dtype), value], dim=2), (0, 1))
         query = torch.cat([query, query.new_full((*query.shape[:-1], 1), 1 / scale)], dim=-1)
@@ -153,6 +157,12 @@ class BiasChannelNuggets(ReadNuggets):
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=self.causal, dropout_p=dropout, scale=scale,
                                              enable_gqa=query.shape[1] != key.shape[1])
         return out[..., :-1]
+
+
+def takes_causal_flag(device: torch.device) -> bool:
+    """Whether the fused reader gives SDPA lower-right causality as a flag (`CausalBias`, CUDA's fused kernels) rather
+    than a boolean mask (the CPU's kernels)."""
+    return device.type == "cuda"
 
 
 def flash_takes_groups(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from nugget_rag import attention
 from nugget_rag.attention import BiasChannelNuggets, ReadNuggets
 
 DOCS = ["The quick brown fox jumps over the lazy dog, then naps.", "Paris is the capital of France.",
@@ -98,3 +99,30 @@ def test_left_padded_tokens_under_fused_attention_are_read_under_the_mask(make_m
         fused = model.decode(samples, ids, token_mask=mask).logits
     assert [type(r) for r in readers] == [ReadNuggets]
     torch.testing.assert_close(fused[mask], reference[mask], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["bf16 weights", "bf16 autocast"])
+def test_reading_nuggets_under_bf16_gives_the_float32_logits(make_model, doc_ids, monkeypatch, precision):
+    """Evaluation and generation on a GPU: bf16 weights (`nugget-rag eval`), or float32 weights under autocast (the
+    trainer's dev scoring); both readers, CUDA's causal flag forced. The logits match float32's within bf16's
+    precision."""
+    monkeypatch.setattr(attention, "takes_causal_flag", lambda device: True)
+    model = make_model(ratio=3).eval()
+    ids, mask = _right_padded(doc_ids, TARGETS)
+    with torch.no_grad():
+        states = model.compress([doc_ids(d) for d in DOCS])
+        expected = model.decode([[states[0], states[2]], [states[1]]], ids, token_mask=mask).logits
+        for reader in ("reference", "fused"):
+            model.attention = reader
+            if precision == "bf16 weights":
+                model.to(torch.bfloat16)
+                low = model.compress([doc_ids(d) for d in DOCS])
+                logits = model.decode([[low[0], low[2]], [low[1]]], ids, token_mask=mask).logits
+                model.to(torch.float32)
+            else:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    low = model.compress([doc_ids(d) for d in DOCS])
+                    logits = model.decode([[low[0], low[2]], [low[1]]], ids, token_mask=mask).logits
+            real = mask[..., None].expand_as(expected)
+            error = (logits.float() - expected)[real].norm() / expected[real].norm()
+            assert error < 0.1, (reader, float(error))  # a wrong mask or dtype is off by O(1)

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from tiny import tiny_base
 from torch.utils.flop_counter import FlopCounterMode
 
+from nugget_rag import attention
 from nugget_rag.cli import build_parser, main
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.corpora import DataError
@@ -465,6 +466,29 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(data, tmp_path):
         assert eager and grads.keys() == eager.keys()
         for key in eager:
             torch.testing.assert_close(grads[key], eager[key], rtol=1e-3, atol=1e-5)
+
+
+def test_the_trainers_bf16_step_takes_cudas_fused_branch_with_one_dtype(data, tmp_path, monkeypatch):
+    """The trainer's own step as it runs on a GPU: Accelerate's bf16 autocast over float32 weights, the decoder's
+    causality given to SDPA as a `CausalBias` flag (CUDA's branch, forced here on the CPU). RoPE's float32 cos/sin
+    leave q and k float32 while v is bf16; the fused reader must hand SDPA one dtype. Fused and reference agree
+    within bf16's precision, and the Scorer gets its Eq. 18 gradient either way."""
+    monkeypatch.setattr(attention, "takes_causal_flag", lambda device: True)
+    results = {}
+    for arm in ("reference", "fused"):
+        trainer = Trainer(config(tmp_path / arm, [source("qa", data)], batch_size=3, cpu=True, mixed_precision="bf16",
+                                 attention=arm), tiny_model())
+        assert trainer.accelerator.mixed_precision == "bf16"
+        assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+        trainer.model.train()
+        results[arm] = trainer._backward([trainer.mixture.next_batch()])[0][0], gradients(trainer.model)
+    (loss_value, grads), (fused_loss, fused_grads) = results["reference"], results["fused"]
+    assert fused_loss == pytest.approx(loss_value, rel=2e-2)
+    assert grads.keys() == fused_grads.keys() and any(name.startswith("scorer.") for name in grads)
+    for name in grads:
+        assert torch.isfinite(fused_grads[name]).all(), name
+    scorer = [name for name in grads if name.startswith("scorer.")]
+    assert all(float(fused_grads[name].abs().sum()) > 0 for name in scorer)
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "configs").glob("*.yaml")), ids=lambda p: p.name)
