@@ -17,6 +17,7 @@ mkdir -p "$out"
 log() { echo "[gpu_benchmark $(date +%T)] $*" | tee -a "$out/bench.log"; }
 
 LOG_FILE="$out/bench.log"
+source scripts/gpu_bundle.sh
 source scripts/gpu_python.sh
 "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())" \
   | tee -a "$out/bench.log"

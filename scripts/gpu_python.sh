@@ -1,16 +1,46 @@
-# Sourced by the GPU scripts: sets `py` to an interpreter that imports nugget_rag, installing first if it must.
-# Needs `log` and LOG_FILE (where the install's output goes). Environment: PYTHON, WHEELS, DATA (gpu_session.sh).
+# Sourced by the GPU scripts: sets `py` to an interpreter that imports nugget_rag and every module the scripts use,
+# installing first if it must, and stops (exit 3) naming what is missing before anything trains.
+# Needs `log` and LOG_FILE (where the install's output goes). Environment: PYTHON, WHEELS, DATA (gpu_session.sh);
+# NEEDS: extra modules the calling script imports beyond training and evaluation's (e.g. "faiss pytest").
 py=${PYTHON:-.venv/bin/python}
 if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nugget-site "$WHEELS"/*.whl
-  export PYTHONPATH=/tmp/nugget-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  # The bundle's wheels, then the project itself from this working tree (it travels with every call, so it is never
+  # older than the scripts). PYTHONSAFEPATH keeps the tree's own nugget_rag/ (which lacks the
+  # nugget_rag.integrations mapping) off sys.path, so the installed package is the one imported.
   py=${PYTHON:-python3}
+  site=/tmp/nugget-site
+  if ! "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl >>"$LOG_FILE" 2>&1 \
+     || ! "$py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$site" . \
+        >>"$LOG_FILE" 2>&1; then
+    log "installing from $WHEELS failed (a wheel for another Python or platform? see $LOG_FILE): nothing trained"
+    exit 3
+  fi
+  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1
 fi
 if [ -n "${DATA:-}" ] && [ ! -e ../shared/data ]; then
   mkdir -p ../shared && ln -s "$(cd "$DATA" && pwd)" ../shared/data
 fi
-if ! "$py" -c "import nugget_rag" 2>/dev/null; then
+if [ -z "${WHEELS:-}" ] && ! "$py" -c "import nugget_rag" 2>/dev/null; then
   log "installing (scripts/install.sh)"
   bash scripts/install.sh >>"$LOG_FILE" 2>&1
   py=.venv/bin/python
 fi
+# What the GPU scripts import; one missing is named here, not minutes into a run.
+needed="nugget_rag nugget_rag.integrations nugget_rag.train nugget_rag.train.trainer nugget_rag.eval.runner \
+nugget_rag.eval.tasks nugget_rag.eval.speed datasets sacrebleu rouge_score matplotlib yaml ${NEEDS:-}"
+if ! missing=$("$py" - $needed 2>>"$LOG_FILE" <<'EOF'
+import importlib, sys
+missing = []
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as error:  # an import that fails for any reason is missing for the scripts
+        missing.append(f"{name} ({type(error).__name__}: {error})")
+print("; ".join(missing))
+sys.exit(1 if missing else 0)
+EOF
+); then
+  log "the install lacks what the scripts import: ${missing:-see $LOG_FILE}; nothing trained"
+  exit 3
+fi
+log "ready: $("$py" -c 'import sys, torch; print(sys.executable, "torch", torch.__version__, "cuda", torch.cuda.is_available())')"

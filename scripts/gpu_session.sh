@@ -1,37 +1,45 @@
 #!/usr/bin/env bash
-# One bounded step of the recipe on a GPU machine (TRAINING.md, "On a GPU"): continue training, score dev, leave
-# an export small enough to bring back and commit. Re-run it and it goes on where it stopped.
+# One bounded step of a training stage on a GPU machine (TRAINING.md, "On a GPU"): continue training, score dev,
+# leave an export small enough to bring back and commit. Re-run it and it goes on where it stopped.
 #
 #   bash scripts/gpu_session.sh OUT_DIR [SECONDS] [more `nugget-rag train` flags]
 #
 # SECONDS (default 540) bounds the whole step: training stops, with a checkpoint, early enough for the dev scoring
-# (EVAL_SECONDS, default 150) to fit. OUT_DIR receives at most 6 files:
+# (EVAL_SECONDS, default 150) to fit. OUT_DIR, which must be empty, receives at most 8 files:
 #   export/nugget.safetensors, export/nugget_config.json   the bf16 export (15 MB for the default model; its
 #                                                          config records the steps trained)
-#   dev.json, dev.md, dev-predictions.jsonl                dev SQuAD (300 random questions) at r = 5 and 10 and dev autoencoding BLEU
-#                                                          (what finished within the limit)
+#   dev.json, dev.md, dev-predictions.jsonl                the dev scores (EVAL_TASKS at EVAL_RATIOS; what finished
+#                                                          within the limit)
+#   metrics.jsonl, loss.png                                the run's metric lines and its plot
 #   train.log                                              the run's log
 # Environment:
 #   RUN     training state (optimizer included), default /tmp/nugget-recipe: while it holds a checkpoint the
 #           step resumes from it exactly; otherwise training starts from INIT
 #   INIT    an export to start from (a previous step's OUT_DIR/export), default the shipped checkpoint
-#   CONFIG  the recipe, default configs/recipe-r10.yaml;  EVAL_LIMIT  dev questions (a random sample), default 300
-#   EVAL_BATCH  examples generated together while scoring dev, default 64 (the harness's own 4 left an H200
-#           short of 78 s for 300 questions)
+#   CONFIG  the stage, default configs/recipe-r10.yaml (configs/pretrain.yaml: the pretraining stage)
+#   EVAL_TASKS  default "squad autoencoding";  EVAL_RATIOS  default "5 10";  EVAL_LIMIT  dev questions (a random
+#           sample), default 300;  EVAL_BATCH  examples generated together while scoring dev, default 64
 #   PYTHON  an interpreter with nugget-rag importable; default .venv/bin/python, installed first if missing
 #           (with WHEELS: python3, the machine's own PyTorch)
-#   WHEELS  a folder of wheels to install offline first (a machine without a package index; scripts/offline_bundle.py)
-#   DATA    the data folder the recipe reads as ../shared/data, where that is missing (the bundle's data/)
+#   PARTS   a folder of scripts/offline_bundle.py parts (PARTS/1, PARTS/2, ...), joined and checked here; sets
+#           WHEELS and DATA
+#   WHEELS  a folder of wheels to install offline first (a machine without a package index)
+#   DATA    the data folder the stage reads as ../shared/data, where that is missing (the bundle's data/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_session.sh OUT_DIR [SECONDS] [train flags]}
 limit=${2:-540}
 shift $(( $# < 2 ? $# : 2 ))
 begin=$(date +%s)
+if [ -d "$out" ] && [ -n "$(ls -A "$out")" ]; then
+  echo "OUT_DIR $out already holds files; give an empty folder (at most 8 files come back from a GPU call)" >&2
+  exit 2
+fi
 mkdir -p "$out"
 log() { echo "[gpu_session $(date +%T)] $*" | tee -a "$out/train.log"; }
 
 LOG_FILE="$out/train.log"
+source scripts/gpu_bundle.sh
 source scripts/gpu_python.sh
 
 run=${RUN:-/tmp/nugget-recipe}
@@ -47,14 +55,17 @@ PYTHONUNBUFFERED=1 "$py" -m nugget_rag.train --config "${CONFIG:-configs/recipe-
   --init-from "$init" --max-time "$train_s" "$@" 2>&1 | tr '\r' '\n' | grep -v '^training: ' >>"$out/train.log"
 
 rm -rf "$out/export" && cp -r "$run/final" "$out/export"
+cp "$run/metrics.jsonl" "$out/" 2>/dev/null || true
+cp "$run/loss.png" "$out/" 2>/dev/null || true
 left=$(( limit - ($(date +%s) - begin) - 5 ))
 if [ "$left" -lt 20 ]; then
   log "no time left to score dev (setup outran EVAL_SECONDS=${eval_s}): the export is in $out/export"
   exit 0
 fi
 log "scoring dev in at most ${left} s"
-timeout "$left" "$py" -m nugget_rag.cli eval --tasks squad autoencoding --systems nugget --ratios 5 10 --split dev \
-  --limit "${EVAL_LIMIT:-300}" --sample random --task-limit autoencoding=10 --ae-lengths 100 200 --batch-size "${EVAL_BATCH:-64}" \
-  --checkpoint "$out/export" --out-dir "$out" --name dev --no-plots -q \
-  >>"$out/train.log" 2>&1 || log "dev scoring stopped (rc $?): the export is in $out/export all the same"
+# shellcheck disable=SC2086  # the task and ratio lists are word lists
+timeout "$left" "$py" -m nugget_rag.cli eval --tasks ${EVAL_TASKS:-squad autoencoding} --systems nugget \
+  --ratios ${EVAL_RATIOS:-5 10} --split dev --limit "${EVAL_LIMIT:-300}" --sample random --task-limit autoencoding=10 \
+  --ae-lengths 100 200 --batch-size "${EVAL_BATCH:-64}" --checkpoint "$out/export" --out-dir "$out" --name dev \
+  --no-plots -q >>"$out/train.log" 2>&1 || log "dev scoring stopped (rc $?): the export is in $out/export all the same"
 log "done in $(( $(date +%s) - begin )) s"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 from pydantic import ValidationError
 from tiny import tiny_base
 from torch.utils.flop_counter import FlopCounterMode
@@ -468,12 +469,14 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(data, tmp_path):
             torch.testing.assert_close(grads[key], eager[key], rtol=1e-3, atol=1e-5)
 
 
-def test_the_trainers_bf16_step_takes_cudas_fused_branch_with_one_dtype(data, tmp_path, monkeypatch):
+def test_the_trainers_bf16_step_takes_cudas_fused_branch_with_one_dtype(data, tmp_path, monkeypatch, request):
     """The trainer's own step as it runs on a GPU: Accelerate's bf16 autocast over float32 weights, the decoder's
     causality given to SDPA as a `CausalBias` flag (CUDA's branch, forced here on the CPU). RoPE's float32 cos/sin
     leave q and k float32 while v is bf16; the fused reader must hand SDPA one dtype. Fused and reference agree
     within bf16's precision, and the Scorer gets its Eq. 18 gradient either way."""
     monkeypatch.setattr(attention, "takes_causal_flag", lambda device: True)
+    AcceleratorState._reset_state(reset_partial_state=True)  # Accelerate keeps one precision a process
+    request.addfinalizer(lambda: AcceleratorState._reset_state(reset_partial_state=True))
     results = {}
     for arm in ("reference", "fused"):
         trainer = Trainer(config(tmp_path / arm, [source("qa", data)], batch_size=3, cpu=True, mixed_precision="bf16",

@@ -58,6 +58,8 @@ class Source(BaseModel):
     dev_split: Literal["train", "dev", "test"] | None = Field(
         "dev", description="Part used for periodic evaluation (None: no evaluation of this source)."
     )
+    dev_path: str | None = Field(None, description="The file evaluation reads `dev_split` of (default: path), e.g. a "
+                                                   "corpus whose dev part is a file of its own.")
     weight: float = Field(1.0, gt=0, description="Share of training batches drawn from this source.")
     text_field: str = Field("text", description="Field of the text (autoencoding, continuation).")
     document_field: str = Field("article", description="Field of the document (summarization).")

@@ -42,6 +42,7 @@ CONFIG_FILE = "train_config.json"
 RECIPE = {"distill", "ratios", "scorer_warm_start"}  # settings a resumed run may change (with a warning)
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
+LOSS_TERMS = {"loss", "ce", "kl"}  # what an eval line reports beside the generation scores
 FINAL_DIR = "final"
 
 
@@ -174,7 +175,8 @@ class Trainer:
             streams.append(ExampleStream(examples, seed=cfg.seed * 1000 + i))
             held = []
             if source.dev_split is not None:
-                examples, _ = build_examples(source, source.dev_split, builder, cache)
+                held_out = source.model_copy(update={"path": source.dev_path}) if source.dev_path else source
+                examples, _ = build_examples(held_out, source.dev_split, builder, cache)
                 if isinstance(examples, Dataset):
                     held = [examples[j] for j in range(min(cfg.eval_examples, len(examples)))]
                 else:
@@ -430,7 +432,8 @@ class Trainer:
             write_atomic(path, "".join(json.dumps(x) + "\n" for x in kept))
 
     def plot(self) -> Path | None:
-        """Train loss per source and dev loss against steps, as loss.png."""
+        """Train loss per source and dev loss against steps, and beside them the dev generation scores (autoencoding
+        BLEU, ROUGE, QA accuracy) where the run computes them, as loss.png."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -438,22 +441,28 @@ class Trainer:
 
         lines = [json.loads(x) for x in (self.out / METRICS_FILE).read_text().splitlines() if x.strip()]
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        scores: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for line in lines:
             for key, value in line.items():
                 if key.startswith("loss/") and line["kind"] == "train":
                     series[f"train {key[5:]}"].append((line["step"], value))
                 elif key.endswith("/loss") and line["kind"] == "eval":
                     series[f"dev {key[:-5]}"].append((line["step"], value))
+                elif "/" in key and line["kind"] == "eval" and key.rsplit("/", 1)[1] not in LOSS_TERMS:
+                    scores[f"dev {key}"].append((line["step"], value))
         if not series:
             return None
-        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
-        for label, points in sorted(series.items()):
-            steps, values = zip(*points)
-            ax.plot(steps, values, "o-" if label.startswith("dev") else "-", label=label, markersize=3, linewidth=1)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (nats/token)")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
+        panels = [(series, "loss (nats/token)", "-")] + ([(scores, "dev score", "o-")] if scores else [])
+        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.6), dpi=100, squeeze=False)
+        for ax, (curves, ylabel, style) in zip(axes[0], panels):
+            for label, points in sorted(curves.items()):
+                steps, values = zip(*points)
+                ax.plot(steps, values, "o-" if label.startswith("dev") else style, label=label, markersize=3,
+                        linewidth=1)
+            ax.set_xlabel("step")
+            ax.set_ylabel(ylabel)
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
         fig.tight_layout()
         path = self.out / PLOT_FILE
         fig.savefig(path)

@@ -1,0 +1,22 @@
+# Sourced by the GPU scripts before gpu_python.sh: unpacks what a machine without a package index was handed.
+# Needs `log`. Environment:
+#   PARTS   a folder of scripts/offline_bundle.py parts (PARTS/1, PARTS/2, ...): joined into /tmp/bundle, every file's
+#           SHA-256 checked (a missing or damaged part stops the call here, exit 3); sets WHEELS and DATA
+#   CORPUS  a folder of scripts/build_corpus.py files (plain or .xz), put where the stages read it (../corpus)
+if [ -n "${PARTS:-}" ]; then
+  if ! python3 scripts/offline_bundle.py --join "$PARTS"/* --into /tmp/bundle >>"$LOG_FILE" 2>&1; then
+    log "the bundle in $PARTS does not join: $(tail -1 "$LOG_FILE"); nothing trained"
+    exit 3
+  fi
+  export WHEELS=/tmp/bundle/wheels DATA=/tmp/bundle/data
+fi
+if [ -n "${CORPUS:-}" ]; then
+  mkdir -p ../corpus
+  for file in "$CORPUS"/*; do
+    case "$file" in
+      *.xz) xz -dc "$file" >"../corpus/$(basename "${file%.xz}")" ;;
+      *) cp "$file" ../corpus/ ;;
+    esac
+  done
+  log "corpus: $(ls ../corpus | tr '\n' ' ')"
+fi
