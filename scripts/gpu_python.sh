@@ -1,7 +1,7 @@
 # Sourced by the GPU scripts: sets `py` to an interpreter that imports nugget_rag and every module the scripts use,
 # installing first if it must, and stops (exit 3) naming what is missing before anything trains.
 # Needs `log` and LOG_FILE (where the install's output goes). Environment: PYTHON, WHEELS, DATA (gpu_session.sh);
-# NEEDS: extra modules the calling script imports beyond training and evaluation's (e.g. "faiss pytest").
+# NEEDS: modules the calling script imports beyond GPU_MODULES (scripts/offline_bundle.py), e.g. "faiss".
 py=${PYTHON:-.venv/bin/python}
 if [ -n "${WHEELS:-}" ]; then
   # The bundle's wheels, then the project itself from this working tree (it travels with every call, so it is never
@@ -25,21 +25,10 @@ if [ -z "${WHEELS:-}" ] && ! "$py" -c "import nugget_rag" 2>/dev/null; then
   bash scripts/install.sh >>"$LOG_FILE" 2>&1
   py=.venv/bin/python
 fi
-# What the GPU scripts import; one missing is named here, not minutes into a run.
-needed="nugget_rag nugget_rag.integrations nugget_rag.train nugget_rag.train.trainer nugget_rag.eval.runner \
-nugget_rag.eval.tasks nugget_rag.eval.speed datasets sacrebleu rouge_score matplotlib yaml ${NEEDS:-}"
-if ! missing=$("$py" - $needed 2>>"$LOG_FILE" <<'EOF'
-import importlib, sys
-missing = []
-for name in sys.argv[1:]:
-    try:
-        importlib.import_module(name)
-    except Exception as error:  # an import that fails for any reason is missing for the scripts
-        missing.append(f"{name} ({type(error).__name__}: {error})")
-print("; ".join(missing))
-sys.exit(1 if missing else 0)
-EOF
-); then
+# What the GPU scripts import (offline_bundle.py's GPU_MODULES, and NEEDS); one missing is named here, not minutes
+# into a run.
+# shellcheck disable=SC2086  # NEEDS is a word list
+if ! missing=$("$py" scripts/offline_bundle.py --check-imports ${NEEDS:-} 2>>"$LOG_FILE"); then
   log "the install lacks what the scripts import: ${missing:-see $LOG_FILE}; nothing trained"
   exit 3
 fi

