@@ -25,6 +25,8 @@
 #           WHEELS and DATA
 #   WHEELS  a folder of wheels to install offline first (a machine without a package index)
 #   DATA    the data folder the stage reads as ../shared/data, where that is missing (the bundle's data/)
+#   DRY_RUN=1  the CPU rehearsal: a tiny random LLaMA, tiny data in every format the stage reads, one step, the
+#           same parts and the same OUT layout (tests/dry_run.py; tests/test_gpu_scripts.py runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_session.sh OUT_DIR [SECONDS] [train flags]}
@@ -44,6 +46,15 @@ source scripts/gpu_python.sh
 
 run=${RUN:-/tmp/nugget-recipe}
 init=${INIT:-default}
+config=${CONFIG:-configs/recipe-r10.yaml}
+init_flags=(--init-from "$init") eval_flags=()
+if [ -n "${DRY_RUN:-}" ]; then
+  dry=$(mktemp -d)
+  config=$("$py" tests/dry_run.py "$dry" "$config")
+  run=$dry/run init="nothing (the dry run's config)" init_flags=()
+  eval_flags=(--base-model "$dry/base" --data-dir "$dry/data")
+  log "dry run: ${CONFIG:-configs/recipe-r10.yaml} on a tiny model and tiny data, one step ($dry)"
+fi
 eval_s=${EVAL_SECONDS:-150}
 train_s=$(( limit - eval_s - ($(date +%s) - begin) ))
 if [ "$train_s" -lt 30 ]; then
@@ -51,8 +62,8 @@ if [ "$train_s" -lt 30 ]; then
   exit 2
 fi
 log "training for at most ${train_s} s into $run (from ${init} unless $run holds a checkpoint)"
-PYTHONUNBUFFERED=1 "$py" -m nugget_rag.train --config "${CONFIG:-configs/recipe-r10.yaml}" --output-dir "$run" \
-  --init-from "$init" --max-time "$train_s" "$@" 2>&1 | tr '\r' '\n' | grep -v '^training: ' >>"$out/train.log"
+PYTHONUNBUFFERED=1 "$py" -m nugget_rag.train --config "$config" --output-dir "$run" "${init_flags[@]}" \
+  --max-time "$train_s" "$@" 2>&1 | tr '\r' '\n' | grep -v '^training: ' >>"$out/train.log"
 
 rm -rf "$out/export" && cp -r "$run/final" "$out/export"
 cp "$run/metrics.jsonl" "$out/" 2>/dev/null || true
@@ -67,5 +78,5 @@ log "scoring dev in at most ${left} s"
 timeout "$left" "$py" -m nugget_rag.cli eval --tasks ${EVAL_TASKS:-squad autoencoding} --systems nugget \
   --ratios ${EVAL_RATIOS:-5 10} --split dev --limit "${EVAL_LIMIT:-300}" --sample random --task-limit autoencoding=10 \
   --ae-lengths 100 200 --batch-size "${EVAL_BATCH:-64}" --checkpoint "$out/export" --out-dir "$out" --name dev \
-  --no-plots -q >>"$out/train.log" 2>&1 || log "dev scoring stopped (rc $?): the export is in $out/export all the same"
+  --no-plots -q "${eval_flags[@]}" >>"$out/train.log" 2>&1 || log "dev scoring stopped (rc $?): the export is in $out/export all the same"
 log "done in $(( $(date +%s) - begin )) s"

@@ -1,0 +1,72 @@
+"""The GPU scripts' CPU rehearsals (DRY_RUN=1): every part runs on the tiny model, the OUT layout is the one a GPU call
+brings back (at most 8 files), and bad input stops a call before anything trains."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+
+def run_script(script: str, out: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHON": str(Path(os.sys.executable)), **env}
+    return subprocess.run(["bash", f"scripts/{script}", str(out), *args], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=600)
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("config", ["configs/pretrain.yaml", "configs/recipe-r10.yaml"])
+def test_the_session_dry_run_trains_scores_and_leaves_what_a_gpu_call_brings_back(tmp_path, config):
+    done = run_script("gpu_session.sh", tmp_path / "out", "300", DRY_RUN="1", CONFIG=config,
+                      EVAL_TASKS="autoencoding", EVAL_RATIOS="2 10", EVAL_LIMIT="2")
+    log = (tmp_path / "out" / "train.log").read_text()
+    assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
+    files = files_under(tmp_path / "out")
+    assert len(files) <= 8
+    assert {"export/nugget.safetensors", "export/nugget_config.json", "dev.json", "metrics.jsonl", "loss.png",
+            "train.log"} <= set(files)
+    assert json.loads((tmp_path / "out" / "export" / "nugget_config.json").read_text())["training"]["steps"] == 1
+    scored = json.loads((tmp_path / "out" / "dev.json").read_text())
+    assert {row["ratio"] for row in scored["results"] if row["task"] == "autoencoding"} >= {2.0, 10.0}
+    assert "dry run" in log and "done in" in log
+
+
+def test_an_out_that_holds_files_is_refused_before_anything_runs(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.json").write_text("{}")
+    done = run_script("gpu_session.sh", tmp_path / "out", DRY_RUN="1")
+    assert done.returncode == 2 and "already holds files" in done.stderr
+    assert files_under(tmp_path / "out") == ["old.json"]
+
+
+def test_a_damaged_bundle_stops_the_call_before_training(tmp_path):
+    bundle = load_bundle()
+    (tmp_path / "src" / "wheels").mkdir(parents=True)
+    (tmp_path / "src" / "wheels" / "a.whl").write_bytes(b"x" * 5000)
+    bundle.pack(tmp_path / "src", [tmp_path / "src" / "wheels" / "a.whl"], tmp_path / "parts", part_mb=3000 / 2**20)
+    piece = next((tmp_path / "parts" / "2").glob("*.001"))
+    piece.write_bytes(piece.read_bytes()[:-1])
+    done = run_script("gpu_session.sh", tmp_path / "out", DRY_RUN="1", PARTS=str(tmp_path / "parts"))
+    log = (tmp_path / "out" / "train.log").read_text()
+    assert done.returncode == 3 and "does not join" in log and "SHA-256" in log
+    assert "training for" not in log
+
+
+def test_a_limit_too_short_for_training_is_named(tmp_path):
+    done = run_script("gpu_session.sh", tmp_path / "out", "100", DRY_RUN="1")
+    assert done.returncode == 2 and "give more SECONDS" in (tmp_path / "out" / "train.log").read_text()
+
+
+def load_bundle():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("offline_bundle", ROOT / "scripts" / "offline_bundle.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
