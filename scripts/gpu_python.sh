@@ -15,7 +15,7 @@ if [ -n "${WHEELS:-}" ]; then
     log "installing from $WHEELS failed (a wheel for another Python or platform? see $LOG_FILE): nothing trained"
     exit 3
   fi
-  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1
+  export PYTHONPATH=$site:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1  # benchmarks: their helpers
 fi
 if [ -n "${DATA:-}" ] && [ ! -e ../shared/data ]; then
   mkdir -p ../shared && ln -s "$(cd "$DATA" && pwd)" ../shared/data
