@@ -14,7 +14,8 @@ if [ -n "${CORPUS:-}" ]; then
   mkdir -p ../corpus
   for file in "$CORPUS"/*; do
     case "$file" in
-      *.xz) xz -dc "$file" >"../corpus/$(basename "${file%.xz}")" ;;
+      *.xz) python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+              "$file" "../corpus/$(basename "${file%.xz}")" ;;
       *) cp "$file" ../corpus/ ;;
     esac
   done
