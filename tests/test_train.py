@@ -469,6 +469,14 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(data, tmp_path):
             torch.testing.assert_close(grads[key], eager[key], rtol=1e-3, atol=1e-5)
 
 
+def test_max_time_counts_the_setup_too(data, tmp_path):
+    """A bounded GPU call must end in time: loading the model and tokenising the data count against max_time."""
+    trainer = Trainer(config(tmp_path, [source("qa", data)], max_time=60), tiny_model())
+    trainer.created -= 61  # as if setup had taken a minute
+    trainer.train()
+    assert trainer.step == 1 and (tmp_path / "run" / "final").is_dir()
+
+
 def test_the_trainers_bf16_step_takes_cudas_fused_branch_with_one_dtype(data, tmp_path, monkeypatch, request):
     """The trainer's own step as it runs on a GPU: Accelerate's bf16 autocast over float32 weights, the decoder's
     causality given to SDPA as a `CausalBias` flag (CUDA's branch, forced here on the CPU). RoPE's float32 cos/sin

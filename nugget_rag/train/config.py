@@ -216,7 +216,8 @@ class TrainConfig(BaseModel):
                                                      "examples of similar lengths together (less padding; 0: off).")
     max_steps: int = Field(1000, ge=0, description="Optimiser steps (the schedule spans them; 0: only the Scorer "
                                                    "warm start, then the export).")
-    max_time: float | None = Field(None, gt=0, description="Stop (with a checkpoint) after this many seconds.")
+    max_time: float | None = Field(None, gt=0, description="Stop (with a checkpoint) after this many seconds, counted "
+                                                        "from the start of setup (loading, tokenising).")
     eval_every: int = Field(100, ge=0, description="Steps between dev evaluations (0: only at the end).")
     eval_examples: int = Field(32, ge=1, description="Dev examples per source in an evaluation.")
     eval_generate: int = Field(0, ge=0, description="Dev examples per source also generated and scored "

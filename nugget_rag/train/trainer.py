@@ -66,6 +66,7 @@ class Trainer:
     """Trains a NuggetModel on a mixture of objectives; see TrainConfig for every setting."""
 
     def __init__(self, config: TrainConfig, model: NuggetModel | None = None):
+        self.created = time.monotonic()  # max_time counts from here: loading and tokenising are part of a bounded call
         self.config = config
         self.out = Path(config.output_dir)
         handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)]
@@ -282,7 +283,7 @@ class Trainer:
                 losses.append(line)
                 self._metric(line)
                 bar.set_postfix({k[5:]: f"{v:.3f}" for k, v in line.items() if k.startswith("loss/")})
-            timed_out = cfg.max_time is not None and time.monotonic() - start > cfg.max_time
+            timed_out = cfg.max_time is not None and time.monotonic() - self.created > cfg.max_time
             if cfg.eval_every and self.step % cfg.eval_every == 0 and not timed_out:
                 self.evaluate()
             if self.step % cfg.save_every == 0 or timed_out or self.step == cfg.max_steps:
