@@ -60,6 +60,8 @@ def step(model: NuggetModel, docs, ids, mask, args, path: str) -> tuple[float, t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=Path("../shared/data/squad-dev-v1.1.json"))
+    parser.add_argument("--base-model", type=Path, help="base LLaMA directory (default: SmolLM2-135M-Instruct and its "
+                        "shipped checkpoint)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--documents", type=int, default=3, help="documents each sample reads")
     parser.add_argument("--ratio", type=float, default=10.0)
@@ -69,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = NuggetModel.from_pretrained()
+    model = NuggetModel.from_pretrained(base_model=args.base_model)
     model.train()
     docs, ids, mask = batch(model, args)
     times: dict[str, list[float]] = {p: [] for p in PATHS}
@@ -97,7 +99,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     (out / f"{args.name}.json").write_text(json.dumps({"device": device, "args": vars(args) | {"data": str(args.data)}, "seconds": times,
-                                                       "loss_diff": loss_diff, "grad_diff": grad_diff}, indent=1))
+                                                       "loss_diff": loss_diff, "grad_diff": grad_diff}, indent=1, default=str))
     print("\n".join(lines))
 
 
