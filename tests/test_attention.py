@@ -114,15 +114,11 @@ def test_reading_nuggets_under_bf16_gives_the_float32_logits(make_model, doc_ids
         expected = model.decode([[states[0], states[2]], [states[1]]], ids, token_mask=mask).logits
         for reader in ("reference", "fused"):
             model.attention = reader
-            if precision == "bf16 weights":
-                model.to(torch.bfloat16)
+            model.to(torch.bfloat16 if precision == "bf16 weights" else torch.float32)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16 autocast"):
                 low = model.compress([doc_ids(d) for d in DOCS])
                 logits = model.decode([[low[0], low[2]], [low[1]]], ids, token_mask=mask).logits
-                model.to(torch.float32)
-            else:
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    low = model.compress([doc_ids(d) for d in DOCS])
-                    logits = model.decode([[low[0], low[2]], [low[1]]], ids, token_mask=mask).logits
+            model.to(torch.float32)
             real = mask[..., None].expand_as(expected)
             error = (logits.float() - expected)[real].norm() / expected[real].norm()
             assert error < 0.1, (reader, float(error))  # a wrong mask or dtype is off by O(1)

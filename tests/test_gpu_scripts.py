@@ -4,16 +4,17 @@ brings back (at most 8 files), and bad input stops a call before anything trains
 import json
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
-import pytest
+from test_benchmarks import SCRIPTS, load_script
 
 ROOT = Path(__file__).parent.parent
 
 
 def run_script(script: str, out: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHON": str(Path(os.sys.executable)), **env}
+    environment = {**os.environ, "PYTHON": sys.executable, **env}
     return subprocess.run(["bash", f"scripts/{script}", str(out), *args], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=600)
 
@@ -22,9 +23,9 @@ def files_under(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("config", ["configs/pretrain.yaml"])  # the benchmark dry run reads the recipe
-def test_the_session_dry_run_trains_scores_and_leaves_what_a_gpu_call_brings_back(tmp_path, config):
-    done = run_script("gpu_session.sh", tmp_path / "out", "300", DRY_RUN="1", CONFIG=config,
+def test_the_session_dry_run_trains_scores_and_leaves_what_a_gpu_call_brings_back(tmp_path):
+    """The pretraining stage's call; the benchmark dry run below reads the recipe."""
+    done = run_script("gpu_session.sh", tmp_path / "out", "300", DRY_RUN="1", CONFIG="configs/pretrain.yaml",
                       EVAL_TASKS="autoencoding", EVAL_RATIOS="2 10", EVAL_LIMIT="2")
     log = (tmp_path / "out" / "train.log").read_text()
     assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
@@ -47,7 +48,7 @@ def test_an_out_that_holds_files_is_refused_before_anything_runs(tmp_path):
 
 
 def test_a_damaged_bundle_stops_the_call_before_training(tmp_path):
-    bundle = load_bundle()
+    bundle = load_script("offline_bundle", SCRIPTS)
     (tmp_path / "src" / "wheels").mkdir(parents=True)
     (tmp_path / "src" / "wheels" / "a.whl").write_bytes(b"x" * 5000)
     bundle.pack(tmp_path / "src", [tmp_path / "src" / "wheels" / "a.whl"], tmp_path / "parts", part_mb=3000 / 2**20)
@@ -62,15 +63,6 @@ def test_a_damaged_bundle_stops_the_call_before_training(tmp_path):
 def test_a_limit_too_short_for_training_is_named(tmp_path):
     done = run_script("gpu_session.sh", tmp_path / "out", "100", DRY_RUN="1")
     assert done.returncode == 2 and "give more SECONDS" in (tmp_path / "out" / "train.log").read_text()
-
-
-def load_bundle():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("offline_bundle", ROOT / "scripts" / "offline_bundle.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_benchmark_dry_run_runs_every_part_into_three_files(tmp_path):
