@@ -1,8 +1,11 @@
 """Question answering over a folder of documents: FAISS retrieval + Dodo nuggets + streamed answers.
 
-    python examples/qa_over_folder.py                       # a few pages of the Python 3.11 docs
+    python examples/qa_over_folder.py                       # Python's language reference, as Python ships it
     python examples/qa_over_folder.py my_notes/ -q "What did we decide about the launch?"
-    python examples/qa_over_folder.py corpus.jsonl --docs 5 --checkpoint my-checkpoint/
+    python examples/qa_over_folder.py ../shared/data/python-3.11-docs.jsonl --docs 5 --checkpoint my-checkpoint/
+
+With no path it reads eight topics of the language reference that every Python carries offline
+(`pydoc_data.topics`, what `help("pass")` shows), so it runs on a fresh clone with nothing else beside it.
 
 Documents are split into 384-token chunks, embedded with all-MiniLM-L6-v2 and compressed into nuggets once;
 the index (and its nuggets) stays in --index, so a second run answers at once.
@@ -11,9 +14,12 @@ the index (and its nuggets) stays in --index, so a second run answers at once.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import tempfile
 from pathlib import Path
+
+from langchain_core.documents import Document
 
 from nugget_rag import NuggetLLM
 from nugget_rag.cli_options import add_checkpoint_option
@@ -26,22 +32,30 @@ from nugget_rag.integrations import (
     minilm_embeddings,
     source_label,
 )
-from nugget_rag.resolution import POLICIES
+from nugget_rag.resolution import RESOLUTIONS
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "python-3.11-docs.jsonl"
-DEFAULT_IDS = ["library/json.rst", "tutorial/controlflow.rst"]
+DEFAULT_TOPICS = ["pass", "for", "while", "lambda", "return", "del", "assert", "with"]
 DEFAULT_QUESTIONS = [
-    "How do I turn a JSON string into a Python object?",
-    "What does the range() function produce?",
     "What does the pass statement do?",
+    "When does the else clause of a for loop run?",
+    "What does a lambda expression create?",
 ]
 
 
-def pick_documents(path: Path, count: int, max_chars: int | None):
-    """The default docs pages from the Python docs JSONL, else the first `count` documents of `path`."""
-    if path.suffix == ".jsonl" and path.resolve() == DEFAULT_DATA.resolve():
-        docs = [d for d in load_jsonl(path) if d.metadata["source"] in DEFAULT_IDS][:count]
+def reference_topics(names: list[str]) -> list[Document]:
+    """Topics of the Python language reference (`pydoc_data.topics`, shipped with Python), one Document each."""
+    from pydoc_data.topics import topics
+
+    return [Document(page_content=topics[name], metadata={"source": f"pydoc_data.topics[{name!r}]"}, id=name)
+            for name in names]
+
+
+def pick_documents(path: Path | None, count: int, max_chars: int | None) -> list[Document]:
+    """The first `count` documents of `path` (JSONL, or a folder or file of text), or of the default topics."""
+    if path is None:
+        docs = reference_topics(DEFAULT_TOPICS)[:count]
+    elif path.suffix == ".jsonl":
+        docs = list(itertools.islice(load_jsonl(path), count))
     else:
         docs = load_documents([path])[:count]
     if max_chars:
@@ -52,29 +66,31 @@ def pick_documents(path: Path, count: int, max_chars: int | None):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA,
-                        help="a folder of text files or a JSONL file ({\"text\", \"id\"} a line); "
-                             "default: the Python 3.11 docs in ../shared/data")
+    parser.add_argument("path", nargs="?", type=Path,
+                        help="a folder of text files or a JSONL file ({\"text\", \"id\"} a line); default: "
+                             f"{len(DEFAULT_TOPICS)} topics of Python's language reference (pydoc_data.topics)")
     parser.add_argument("-q", "--question", action="append", help="a question (repeatable)")
-    parser.add_argument("--docs", type=int, default=2, help="how many documents to index (default 2)")
+    parser.add_argument("--docs", type=int, default=len(DEFAULT_TOPICS),
+                        help=f"how many documents to index (default {len(DEFAULT_TOPICS)})")
     parser.add_argument("--max-chars", type=int, default=12000,
                         help="keep the first N characters of each document, to stay fast on CPU (0: all)")
     parser.add_argument("--index", type=Path, default=Path(tempfile.gettempdir()) / "nugget-rag-qa-example")
     add_checkpoint_option(parser)
-    parser.add_argument("-k", type=int, default=3, help="chunks read per question")
+    parser.add_argument("-k", type=int, default=3, help="chunks retrieved per question (--resolution reads, "
+                        "skims or drops each)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--resolution", choices=["default", "uniform", *POLICIES], default="default",
+    parser.add_argument("--resolution", choices=RESOLUTIONS, default="default",
                         help="how finely each chunk is read: the best measured policy (default), all at the index's "
                              "ratio (uniform), or a policy of nugget_rag.resolution")
     args = parser.parse_args()
 
-    if not args.path.exists():
+    if args.path is not None and not args.path.exists():
         print(f"{args.path} not found. Pass a folder of text files or a JSONL file, e.g.\n"
               f"    python {Path(__file__).name} path/to/docs/", file=sys.stderr)
         return 2
     docs = pick_documents(args.path, args.docs, args.max_chars)
     if not docs:
-        print(f"no documents found in {args.path}", file=sys.stderr)
+        print(f"no documents found in {args.path or 'the default topics'}", file=sys.stderr)
         return 2
 
     compressor = load_compressor(args.checkpoint)
@@ -85,8 +101,7 @@ def main() -> int:
           f"index and nuggets in {args.index}\n")
 
     llm = NuggetLLM(compressor=index.compressor, max_new_tokens=args.max_new_tokens)
-    resolution = {"default": "default", "uniform": None}.get(args.resolution) or POLICIES[args.resolution]()
-    chain = build_qa_chain(index, llm, k=args.k, resolution=resolution)
+    chain = build_qa_chain(index, llm, k=args.k, resolution=args.resolution)
     for question in args.question or DEFAULT_QUESTIONS:
         print(f"Q: {question}\nA: ", end="", flush=True)
         answer = None

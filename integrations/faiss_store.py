@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from nugget_rag.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.files import fsync_directory, write_atomic
 from nugget_rag.llm import NuggetLLM
-from nugget_rag.resolution import ResolutionPolicy, default_resolution
+from nugget_rag.resolution import ResolutionPolicy, resolve_policy
 from nugget_rag.store import DirectoryByteStore, NuggetStore
 
 with warnings.catch_warnings():  # langchain-community announces its sunset on import
@@ -559,22 +559,25 @@ def build_qa_chain(
     llm: NuggetLLM,
     k: int = 4,
     as_text: bool = False,
-    resolution: ResolutionPolicy | Literal["default"] | None = "default",
+    resolution: ResolutionPolicy | type[ResolutionPolicy] | str | None = None,
 ) -> Runnable:
     """question -> retrieve -> nuggets -> NuggetLLM: ``{"documents": retriever | compressor, "question": q} | llm``.
 
     Returns the AIMessage (its ``response_metadata["sources"]`` names the chunks read, ``["resolution"]`` how each
-    retrieved chunk was read and why), or its text with ``as_text=True``. `k` applies when a NuggetIndex is given.
-    `resolution`: how finely each chunk is read per question ("default": the llm's own policy, else
-    `default_resolution()`, the best measured; None: every chunk at the compressor's ratio).
+    retrieved chunk was read and why), or its text with ``as_text=True``. `k`: the chunks a NuggetIndex retrieves
+    (the policy then reads some whole, may skim some and drops the rest). `resolution`: how each chunk is read, as
+    NuggetLLM takes it (a policy or a name of RESOLUTIONS); None keeps the llm's own (by default "default").
     """
     if isinstance(index_or_retriever, NuggetIndex):
         retriever = index_or_retriever.as_retriever(k=k)
     else:
         retriever = index_or_retriever
-    if resolution == "default":
-        resolution = llm.resolution or default_resolution()
-    llm = llm if resolution is llm.resolution else llm.model_copy(update={"resolution": resolution})
+    if resolution is not None:
+        llm = llm.model_copy(update={"resolution": resolve_policy(resolution) if resolution != "default" else resolution})
+    if isinstance(llm.resolution, ResolutionPolicy) and isinstance(index_or_retriever, NuggetIndex):
+        if llm.resolution.expand > k:
+            raise ValueError(f"{type(llm.resolution).__name__}(expand={llm.resolution.expand}) reads more chunks whole "
+                             f"than k={k} retrieves; raise k to at least {llm.resolution.expand} or lower expand")
     chain = {"documents": retriever | llm.compressor, "question": RunnablePassthrough()} | llm
     return chain | StrOutputParser() if as_text else chain
 

@@ -35,7 +35,7 @@ from .cli_options import (
 )
 from .compressor import NuggetCompressor
 from .llm import NuggetLLM
-from .resolution import POLICIES
+from .resolution import RESOLUTIONS
 
 if TYPE_CHECKING:
     from .integrations.ray_ingest import RayIngestOptions
@@ -149,10 +149,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if not len(index):
         raise UserError(f"the index in {args.index} is empty; ingest documents into it first")
     llm = NuggetLLM(compressor=index.compressor, max_new_tokens=args.max_new_tokens)
-    resolution = None if args.resolution == "uniform" else "default" if args.resolution == "default" \
-        else POLICIES[args.resolution]()
     answer = None
-    for chunk in build_qa_chain(index, llm, k=args.k, resolution=resolution).stream(args.question):
+    for chunk in build_qa_chain(index, llm, k=args.k, resolution=args.resolution).stream(args.question):
         if chunk.content:
             sys.stdout.write(chunk.content)
             sys.stdout.flush()
@@ -176,7 +174,8 @@ def _ask_server(args: argparse.Namespace) -> int:
 
     from .integrations import source_label
 
-    body = json.dumps({"question": args.question, "k": args.k, "max_new_tokens": args.max_new_tokens}).encode()
+    body = json.dumps({"question": args.question, "k": args.k, "resolution": args.resolution,
+                       "max_new_tokens": args.max_new_tokens}).encode()
     headers = {"Content-Type": "application/json"}
     if key := os.environ.get(API_KEY_ENV):
         headers["Authorization"] = f"Bearer {key}"
@@ -322,11 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question")
     ask.add_argument("--index", type=Path, metavar="DIR", help="index directory")
     ask.add_argument("--url", help="ask a running `nugget-rag serve` instead, e.g. http://127.0.0.1:8000")
-    ask.add_argument("-k", type=positive_int, default=4, help="chunks to read (default 4)")
+    ask.add_argument("-k", type=positive_int, default=4,
+                     help="chunks to retrieve (default 4); --resolution reads, skims or drops each")
     ask.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N", help="answer length (default 128)")
-    ask.add_argument("--resolution", choices=["default", *POLICIES], default="default",
-                     help=("how finely each chunk is read: default (the best measured policy), uniform (all at the "
-                           "index's ratio), or a policy of nugget_rag.resolution with its defaults"))
+    ask.add_argument("--resolution", choices=RESOLUTIONS, default="default",
+                     help=("how each chunk is read: default (the best measured policy), uniform (all as nuggets at "
+                           "the index's ratio), or a policy of nugget_rag.resolution with its defaults"))
     add_weights_option(ask)
     add_store_option(ask)
     ask.set_defaults(func=cmd_ask)

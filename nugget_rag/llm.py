@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.documents import Document
@@ -15,12 +15,12 @@ from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .batching import BatchedGenerator
-from .compressor import Compressed, NuggetCompressor, as_documents
+from .compressor import NuggetCompressor, as_documents
 from .config import DECODER
 from .generation import GenerationSettings, RowSteps, generation_steps
 from .model import NuggetModel
 from .prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction, takes_question
-from .resolution import DocumentReading, ResolutionPolicy
+from .resolution import ResolutionPolicy, UniformResolution, default_resolution, resolve_policy
 
 DOCUMENTS_KEY = "documents"
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "chat": "user"}
@@ -90,14 +90,19 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
     - no documents at all: a plain chat model (documents that are all empty or whitespace are a ValueError).
     With documents, the last human message fills the ``{question}`` of `prompt_template` (its only placeholder;
     default: the paper's QA prompt, Appendix D; a template without it, such as SUMMARY_PROMPT, takes an empty
-    message), and the decoder reads the chat-formatted prompt with the nuggets of
-    each document, in order, where Full's prompt has the documents' text: at the start of that message
-    (`NuggetConfig.placement`; checkpoints trained before the setting existed read them ahead of the whole prompt).
-    Documents already compressed by a NuggetCompressor are read from its store; others are compressed on the fly.
+    message), and the decoder reads the chat-formatted prompt with each document where Full's prompt has its text: at
+    the start of that message (`NuggetConfig.placement`; checkpoints trained before the setting existed read them
+    ahead of the whole prompt). How each document is read (whole as text, as nuggets at some r, or dropped) is
+    `resolution`'s plan for the question; by default the chain's: the passage the question is likeliest under read
+    whole as text, the others dropped (`default_resolution()`); for a summary (a template without {question}), every
+    document as nuggets at the compressor's ratio. Documents already compressed by a NuggetCompressor are read from
+    its store; others are compressed on the fly.
 
     Output: the answer's ``response_metadata`` holds ``sources`` (per document read: its ``index`` among the
-    documents given, its ``id`` if any, and its metadata without nugget details), ``n_document_tokens`` (the
-    documents' length as text), ``n_nuggets``, the ``compression_ratio`` achieved and OpenAI's ``finish_reason``
+    documents given, its ``id`` if any, ``read_as`` "text" or "nuggets", and its metadata without nugget details),
+    ``resolution`` (every document's reading and why) and ``resolution_policy``, ``n_document_tokens`` (the
+    documents' length as text), the positions read as ``n_nuggets`` and as ``n_text_tokens``, the
+    ``compression_ratio`` achieved (document tokens per position read) and OpenAI's ``finish_reason``
     ("stop": the answer ended, or reached a stop string; "length": max_new_tokens or the model's positions cut it).
     ``usage_metadata`` counts what the decoder read (prompt tokens plus nuggets; ``input_token_details``: nuggets
     read from the store as ``cache_read``, nuggets compressed for this call as ``cache_creation``) and the tokens it
@@ -111,14 +116,23 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
     system_prompt: str | None = None
     batcher: BatchedGenerator | None = Field(
         None, description="Decode in batches shared with concurrent calls (one BatchedGenerator for all of them).")
-    resolution: ResolutionPolicy | None = Field(
-        None, description="Chooses each document's ratio per question (resolution.py); None reads every document "
-        "at the compressor's ratio.")
+    resolution: ResolutionPolicy | Literal["default"] = Field(
+        "default", description="How each document is read (resolution.py): a policy, or a name of RESOLUTIONS. "
+        "'default': default_resolution() when the documents come with a question, else (summaries) "
+        "UniformResolution: every document as nuggets at the compressor's ratio.")
 
     @field_validator("prompt_template")
     @classmethod
     def _check_prompt_template(cls, value: str) -> str:
         return check_template(value)
+
+    @field_validator("resolution", mode="before")
+    @classmethod
+    def _check_resolution(cls, value: object) -> ResolutionPolicy | str:
+        if value is None:
+            raise ValueError("resolution=None is not a reading: give 'uniform' for every document at the "
+                             "compressor's ratio, 'default', another name of RESOLUTIONS, or a ResolutionPolicy")
+        return value if value == "default" else resolve_policy(value)
 
     @property
     def nugget_model(self) -> NuggetModel:
@@ -181,26 +195,18 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
         return [], chat_token_ids(self.compressor.model.tokenizer, chat)
 
     # ------------------------------------------------------------------ resolution
-    def _plan(self, messages: Sequence[BaseMessage], docs: Sequence[Document]) -> list[DocumentReading] | None:
-        """Each document's reading chosen by `resolution` for the last user message's question (None: no policy)."""
-        if self.resolution is None or not docs:
-            return None
-        chat = chat_dicts(messages, None)
-        question = next((m["content"] for m in reversed(chat) if m["role"] == "user"), "")
-        return self.resolution.plan(question, [d.page_content for d in docs], self.compressor)
+    @property
+    def policy(self) -> ResolutionPolicy:
+        """The policy that reads the documents: `resolution`, or for "default" the chain's best measured one when
+        documents come with a question, and for a summary every document as nuggets (UniformResolution)."""
+        if self.resolution != "default":
+            return self.resolution
+        return default_resolution() if takes_question(self.prompt_template) else UniformResolution()
 
-    def _read(self, docs: Sequence[Document], readings: Sequence[DocumentReading] | None) -> list[Compressed]:
-        """The documents' states: at the compressor's ratio, or each at its reading's ratio from its adapter's
-        stored state."""
-        if readings is None:
-            return self.compressor.lookup(docs)
-        found: list[Compressed | None] = [None] * len(docs)
-        for adapter in dict.fromkeys(r.adapter for r in readings):
-            picked = [i for i, r in enumerate(readings) if r.adapter == adapter]
-            looked = self.compressor.lookup([docs[i] for i in picked], [readings[i].ratio for i in picked], adapter)
-            for i, hit in zip(picked, looked):
-                found[i] = hit
-        return found
+    @staticmethod
+    def _question(messages: Sequence[BaseMessage]) -> str:
+        """The last user message's text: what the documents are read for."""
+        return next((m["content"] for m in reversed(chat_dicts(messages, None)) if m["role"] == "user"), "")
 
     # ------------------------------------------------------------------ generation
     def _stream(
@@ -216,13 +222,13 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
             raise ValueError(f"this NuggetLLM serves {self.compressor.model.base_name!r}, not model={model_name!r}")
         given = self._documents(messages, documents)
         prefix, prompt = self._prompt_ids(messages, with_documents=bool(given))
-        readings = self._plan(messages, [d for _, d in given])
+        policy = self.policy if given else None
+        readings, found, adapter = (policy.read(self._question(messages), [d for _, d in given], self.compressor)
+                                    if policy else ([], [], DECODER))
         planned = [i for i, _ in given]
-        if readings is not None:
-            given = [g for g, r in zip(given, readings) if r.ratio is not None]
+        read = [(g, r) for g, r in zip(given, readings) if r.ratio is not None]
+        given, kept = [g for g, _ in read], [r for _, r in read]
         docs = [d for _, d in given]
-        found = self._read(docs, [r for r in readings if r.ratio is not None] if readings else None)
-        adapter = self.resolution.decoder_adapter(readings) if readings else DECODER
         states = [f.state for f in found]
         settings = self.generation_settings(stop, kwargs)
         if self.batcher is not None:
@@ -238,25 +244,27 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
                 if run_manager:
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
-        n_nuggets = sum(s.k for s in states)
+        n_positions = sum(s.k for s in states)
+        n_text_tokens = sum(s.k for s, r in zip(states, kept) if r.adapter is None)
         n_document_tokens = sum(s.n for s in states)
         cache_read = sum(f.state.k for f in found if f.cached)
-        read = len(prefix) + len(prompt) + n_nuggets
+        read = len(prefix) + len(prompt) + n_positions
         usage = UsageMetadata(
             input_tokens=read, output_tokens=generated, total_tokens=read + generated,
-            input_token_details={"cache_read": cache_read, "cache_creation": n_nuggets - cache_read},
+            input_token_details={"cache_read": cache_read, "cache_creation": n_positions - cache_read},
         )
-        sources = [{"index": i, **({"id": d.id} if d.id is not None else {}),
-                    **{k: v for k, v in d.metadata.items() if k != "nuggets"}} for i, d in given]
+        sources = [{"index": i, **({"id": d.id} if d.id is not None else {}), "read_as": r.as_metadata()["read_as"],
+                    **{k: v for k, v in d.metadata.items() if k != "nuggets"}} for (i, d), r in zip(given, kept)]
         yield ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
                 response_metadata={
                     "sources": sources, "n_documents": len(docs), "n_document_tokens": n_document_tokens,
-                    "n_nuggets": n_nuggets, "compression_ratio": n_document_tokens / n_nuggets if n_nuggets else None,
+                    "n_nuggets": n_positions - n_text_tokens, "n_text_tokens": n_text_tokens,
+                    "compression_ratio": n_document_tokens / n_positions if n_positions else None,
                     "model_name": self.compressor.model.base_name, "finish_reason": steps.finish_reason,
                     **({"resolution": [{"index": i, **r.as_metadata()} for i, r in zip(planned, readings)],
-                        "resolution_policy": type(self.resolution).__name__} if readings else {}),
+                        "resolution_policy": type(policy).__name__} if policy else {}),
                 },
                 usage_metadata=usage,
                 chunk_position="last",

@@ -1,16 +1,20 @@
 """Per-document resolution: how finely each retrieved document is read for one question.
 
 A stored state serves any ratio at or above its floor (NuggetState.at_ratio), so a chain can read the evidence
-whole, skim the rest, or drop it, per question. A `ResolutionPolicy` ranks the documents by relevance and spends a
-budget of positions: its top `expand` documents are read whole (r = 1; at the finest ratio the budget allows),
-the rest at `skim_ratio`, or dropped when that is None. Each policy is one small class that only scores relevance:
+whole, skim the rest, or drop it, per question. A `ResolutionPolicy` ranks the documents by relevance: its top
+`expand` documents (more when `expand_margin` finds the next ones about as relevant) are always read whole (r = 1),
+the rest at `skim_ratio` within what a budget of positions leaves, or dropped when that is None. Each policy is
+one small class that only scores relevance:
 
 | policy | relevance |
 |---|---|
 | `RetrieverRank` | the order the documents came in (a retriever's ranking) |
 | `LexicalRerank` | BM25 of the question against the documents (rank-bm25) |
 | `QueryLikelihood` | log P(question | the document's nuggets at r = 4), read from the store by the decoder |
-| `UniformResolution` | none: every document at one ratio (what a chain without a policy does) |
+| `UniformResolution` | none: every document at one ratio (the compressor's unless given) |
+
+`resolve_policy` turns a name (`RESOLUTIONS`: "default", "uniform", "rank", "lexical", "likelihood"), a class or a
+policy into a policy: the one resolver the chain, NuggetLLM, the CLI, the server and the harness share.
 
 A document read whole is read "as text" by default: its key/values as the frozen model computes them, which for a
 single document and no skimmed ones is exactly the model reading it in the prompt (`whole_reading="text"`).
@@ -29,7 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .config import DECODER, ENCODER, NuggetConfig, nugget_count
 
 if TYPE_CHECKING:
-    from .compressor import NuggetCompressor
+    from langchain_core.documents import Document
+
+    from .compressor import Compressed, NuggetCompressor
 
 PROBE_INSTRUCTION = "Please write a question about the passage above."
 
@@ -49,15 +55,28 @@ class DocumentReading(NamedTuple):
                 "text" if self.adapter is None else "nuggets"}
 
 
+class PlannedReading(NamedTuple):
+    """Documents read as planned: every document's reading (in the order given), the states of those read (in
+    that order, dropped ones left out) and the decoder adapter that reads them."""
+
+    readings: list[DocumentReading]
+    found: list[Compressed]
+    adapter: str | None
+
+
 class ResolutionPolicy(BaseModel):
     """Chooses each document's ratio for a question under a budget of positions; subclasses score relevance."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     label: ClassVar[str] = ""
 
-    budget: float = Field(0.35, gt=0, le=1, description="Share of the documents' tokens the answer may read.")
+    budget: float = Field(0.35, gt=0, le=1, description="Share of the documents' tokens the answer may read; the "
+                          "documents read whole always are, and skims take what they leave.")
     max_positions: int | None = Field(None, ge=1, description="A cap in positions on top of the share.")
     expand: int = Field(1, ge=0, description="Documents read whole (the most relevant first).")
+    expand_margin: float | None = Field(None, ge=0, description="Also read whole each next document whose relevance "
+                                        "is within this of the top document's (None: exactly `expand`).")
+    expand_max: int = Field(2, ge=1, description="The most documents `expand_margin` reads whole.")
     skim_ratio: float | None = Field(None, description="Ratio the other documents are read at; None drops them.")
     whole_reading: Literal["text", "nuggets"] = Field(
         "text", description="A whole document as the frozen model reads its text, or as the encoder's nuggets at r=1.")
@@ -81,68 +100,72 @@ class ResolutionPolicy(BaseModel):
             raise ValueError(f"{type(self).__name__} gave relevance {scores} for {len(texts)} documents")
         return self.allocate(scores, lengths)
 
+    def read(self, question: str, documents: Sequence[Document | str], compressor: NuggetCompressor) -> PlannedReading:
+        """Plan the documents' readings, then look each up at its ratio in its adapter's stored state (the one path
+        NuggetLLM, the chain, the CLI and the harness read documents by)."""
+        texts = [d if isinstance(d, str) else d.page_content for d in documents]
+        readings = self.plan(question, texts, compressor)
+        picked = [i for i, r in enumerate(readings) if r.ratio is not None]
+        found: dict[int, Compressed] = {}
+        for adapter in dict.fromkeys(readings[i].adapter for i in picked):
+            group = [i for i in picked if readings[i].adapter == adapter]
+            looked = compressor.lookup([documents[i] for i in group], [readings[i].ratio for i in group], adapter)
+            found.update(zip(group, looked))
+        return PlannedReading(readings, [found[i] for i in picked], self.decoder_adapter(readings))
+
     def positions_budget(self, lengths: Sequence[int]) -> int:
         share = max(1, math.floor(self.budget * sum(lengths)))
         return min(share, self.max_positions) if self.max_positions else share
 
+    def expansions(self, scores: Sequence[float]) -> int:
+        """How many documents to read whole for this question: `expand`, plus each next one whose relevance is
+        within `expand_margin` of the top document's (at most `expand_max` in all)."""
+        count = min(self.expand, len(scores))
+        if self.expand_margin is None or count == 0:
+            return count
+        ranked = sorted(scores, reverse=True)
+        while count < min(self.expand_max, len(ranked)) and ranked[0] - ranked[count] <= self.expand_margin:
+            count += 1
+        return count
+
     def allocate(self, scores: Sequence[float], lengths: Sequence[int]) -> list[DocumentReading]:
-        """Spend the budget: the top `expand` documents first, whole (or as finely as the whole budget allows), then
-        the rest at `skim_ratio` with what is left (the least relevant are dropped first), or dropped."""
+        """The top documents (`expansions`) are read whole, always; the rest at `skim_ratio` with what the budget
+        has left after them (the least relevant are dropped first), or dropped."""
         budget = self.positions_budget(lengths)
         order = sorted(range(len(lengths)), key=lambda i: -scores[i])  # stable: ties keep the given order
         rank = {doc: place for place, doc in enumerate(order)}
-        whole_adapter = None if self.whole_reading == "text" else ENCODER
-        expanded, rest = order[: self.expand], order[self.expand :]
+        expand = self.expansions(scores)
+        expanded, rest = order[:expand], order[expand:]
         skimmed = list(rest) if self.skim_ratio else []
         cost = {i: nugget_count(lengths[i], self.skim_ratio) for i in skimmed}
-        # The evidence comes first: skims only take what the expanded documents, read whole, leave.
-        reserve = min(sum(lengths[i] for i in expanded), budget)
-        while skimmed and sum(cost[i] for i in skimmed) + reserve > budget:
+        left = budget - sum(lengths[i] for i in expanded)  # the evidence comes first: skims take what it leaves
+        while skimmed and sum(cost[i] for i in skimmed) > left:
             skimmed.pop()
-        free = budget - sum(cost[i] for i in skimmed)
-        if free < len(expanded):
-            raise ValueError(f"a budget of {budget} positions cannot hold {len(expanded)} expanded documents at one "
-                             f"position each; raise budget (now {self.budget}) or lower expand (now {self.expand})")
-        readings: dict[int, DocumentReading] = {}
+        if not expanded and not skimmed:
+            smallest = min(nugget_count(n, self.skim_ratio or 1.0) for n in lengths)
+            raise ValueError(f"a budget of {budget} positions holds none of the {len(lengths)} documents (the "
+                             f"smallest takes {smallest}); raise budget (now {self.budget}) or expand (now {self.expand})")
         tag = f"by {self.label}" if self.label else ""
-        for place, i in enumerate(expanded):
-            share = free - (len(expanded) - place - 1)  # leave the later expanded documents one position each
-            ratio = 1.0 if lengths[i] <= share else NuggetConfig(ratio=math.ceil(100 * lengths[i] / share) / 100).ratio
-            k = nugget_count(lengths[i], ratio)
-            free -= k
-            how = "read whole" if ratio == 1 else f"read at r={ratio:g}, the finest the budget of {budget} allows"
-            adapter = whole_adapter if ratio == 1 else ENCODER
-            readings[i] = DocumentReading(ratio, adapter, k, scores[i], f"rank {rank[i] + 1} of {len(order)} {tag}: {how}")
+        whole_adapter = None if self.whole_reading == "text" else ENCODER
+        whole_as = "as text" if whole_adapter is None else "as nuggets at r=1"
+        readings: dict[int, DocumentReading] = {}
+        for i in expanded:
+            readings[i] = DocumentReading(1.0, whole_adapter, lengths[i], scores[i],
+                                          f"rank {rank[i] + 1} of {len(order)} {tag}: read whole {whole_as}")
         for i in skimmed:
             readings[i] = DocumentReading(self.skim_ratio, ENCODER, cost[i], scores[i],
                                           f"rank {rank[i] + 1} of {len(order)} {tag}: skimmed at r={self.skim_ratio:g}")
         for i in order:
             if i not in readings:
-                why = ("the budget holds no more" if self.skim_ratio else f"only the top {self.expand} are read")
+                why = "the budget holds no more" if self.skim_ratio else f"only the top {expand} are read"
                 readings[i] = DocumentReading(None, None, 0, scores[i],
                                               f"rank {rank[i] + 1} of {len(order)} {tag}: dropped ({why})")
-        if all(r.ratio is None for r in readings.values()):
-            smallest = min(nugget_count(n, self.skim_ratio or 1.0) for n in lengths)
-            raise ValueError(f"a budget of {budget} positions holds none of the {len(lengths)} documents (the "
-                             f"smallest takes {smallest}); raise budget (now {self.budget}) or expand (now {self.expand})")
         return [readings[i] for i in range(len(lengths))]
 
     def decoder_adapter(self, readings: Sequence[DocumentReading]) -> str | None:
         """The decoder adapter for these readings: none when every document read is read as text (then the
         answer is the frozen model's reading of those texts), else the trained decoder."""
         return DECODER if any(r.adapter is not None for r in readings if r.ratio is not None) else None
-
-
-class UniformResolution(ResolutionPolicy):
-    """Every document at `skim_ratio` (default 10): the chain without a policy."""
-
-    label: ClassVar[str] = "given order"
-    budget: float = 1.0
-    expand: int = 0
-    skim_ratio: float | None = 10.0
-
-    def relevance(self, question, texts, compressor):
-        return [-float(i) for i in range(len(texts))]
 
 
 class RetrieverRank(ResolutionPolicy):
@@ -152,6 +175,21 @@ class RetrieverRank(ResolutionPolicy):
 
     def relevance(self, question, texts, compressor):
         return [-float(i) for i in range(len(texts))]
+
+
+class UniformResolution(RetrieverRank):
+    """Every document as nuggets at `skim_ratio` (None: the compressor's ratio), in the given order: the paper's
+    reading, and the one for documents the model cannot read as text (summaries of long documents)."""
+
+    label: ClassVar[str] = "given order"
+    budget: float = 1.0
+    expand: int = 0
+    skim_ratio: float | None = None
+
+    def plan(self, question, texts, compressor):
+        if self.skim_ratio is None:
+            return self.model_copy(update={"skim_ratio": compressor.effective_ratio}).plan(question, texts, compressor)
+        return super().plan(question, texts, compressor)
 
 
 class LexicalRerank(ResolutionPolicy):
@@ -204,6 +242,7 @@ def words(text: str) -> list[str]:
 POLICIES: dict[str, type[ResolutionPolicy]] = {
     "uniform": UniformResolution, "rank": RetrieverRank, "lexical": LexicalRerank, "likelihood": QueryLikelihood,
 }
+RESOLUTIONS = ("default", *POLICIES)
 
 
 def default_resolution() -> ResolutionPolicy:
@@ -212,3 +251,17 @@ def default_resolution() -> ResolutionPolicy:
     (skimming them at r = 10 answered 23% against 42%: the shipped decoder never learnt to read a whole passage
     beside nuggets, which the rag_qa objective trains)."""
     return QueryLikelihood()
+
+
+def resolve_policy(value: ResolutionPolicy | type[ResolutionPolicy] | str) -> ResolutionPolicy:
+    """A policy from a name of `RESOLUTIONS`, a policy class (its defaults) or a policy (itself)."""
+    if isinstance(value, ResolutionPolicy):
+        return value
+    if isinstance(value, type) and issubclass(value, ResolutionPolicy):
+        return value()
+    if value == "default":
+        return default_resolution()
+    if isinstance(value, str) and value in POLICIES:
+        return POLICIES[value]()
+    raise ValueError(f"unknown resolution {value!r}: give one of {', '.join(map(repr, RESOLUTIONS))}, a "
+                     "ResolutionPolicy subclass or an instance of one")

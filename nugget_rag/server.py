@@ -3,7 +3,8 @@
     GET  /health                     {"status": "ok", "model", "ratio", "chunks", "pending", "batches", "mean_batch"}
     GET  /metrics                    Prometheus metrics: requests and errors by status, pending requests, cancelled
                                      answers, tokens in and out, nuggets read, latency histograms
-    POST /ask      {"question", "k"?, "max_new_tokens"?, "stream"?}
+    POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "stream"?}; k: chunks retrieved, resolution:
+                   how each is read (a name of nugget_rag.resolution.RESOLUTIONS, default "default")
                    stream (default): NDJSON lines {"text": piece}..., then {"sources", "usage", "finish_reason"}; a
                    failure after the first line ends the stream with {"error": {"message", "status"}}
                    otherwise: {"answer", "sources", "usage", "finish_reason"}; finish_reason as OpenAI's: "stop" (the
@@ -63,6 +64,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import BatchedGenerator, RequestCancelled
 from .llm import NuggetLLM
+from .resolution import RESOLUTIONS
 from .server_middleware import ApiKey, BodyLimit, Metrics
 
 log = logging.getLogger(__name__)
@@ -94,9 +96,17 @@ class AskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     question: Text
-    k: int = Field(4, ge=1, le=64, description="Chunks to read.")
+    k: int = Field(4, ge=1, le=64, description="Chunks to retrieve; `resolution` reads, skims or drops each.")
+    resolution: str = Field("default", description=f"How each chunk is read: one of {', '.join(RESOLUTIONS)}.")
     max_new_tokens: int = Field(128, ge=1, le=2048)
     stream: bool = True
+
+    @field_validator("resolution")
+    @classmethod
+    def _known_resolution(cls, value: str) -> str:
+        if value not in RESOLUTIONS:
+            raise ValueError(f"unknown resolution {value!r}: give one of {', '.join(RESOLUTIONS)}")
+        return value
 
     @field_validator("question")
     @classmethod
@@ -401,7 +411,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                                 batcher=batcher.for_request(slot.stop))
                 with index_lock:
                     docs = index.as_retriever(k=request.k).invoke(request.question)
-                chain = build_qa_chain(RunnableLambda(lambda _: docs), llm)
+                chain = build_qa_chain(RunnableLambda(lambda _: docs), llm, resolution=request.resolution)
                 pieces = decode(chain, request.question, slot)
                 first = next(pieces)
             except BaseException:

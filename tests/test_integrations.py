@@ -26,6 +26,7 @@ from nugget_rag.integrations import (
     render_html,
     render_terminal,
 )
+from nugget_rag.resolution import RetrieverRank
 from nugget_rag.scorer import select_nuggets
 
 DOCS = [
@@ -242,9 +243,12 @@ def test_qa_chain_answers_with_sources(index):
     assert read[0] in expected and len(read) == message.response_metadata["n_documents"] == 1  # the default policy
     assert [r["index"] for r in message.response_metadata["resolution"]] == [0, 1]
     assert all("nuggets" not in s for s in message.response_metadata["sources"])
-    uniform = build_qa_chain(index, llm, k=2, resolution=None).invoke(question)
+    assert [s["read_as"] for s in message.response_metadata["sources"]] == ["text"]  # the top chunk whole
+    uniform = build_qa_chain(index, llm, k=2, resolution="uniform").invoke(question)
     assert [s["source"] for s in uniform.response_metadata["sources"]] == expected
-    assert uniform.response_metadata["n_documents"] == 2 and "resolution" not in uniform.response_metadata
+    assert uniform.response_metadata["n_documents"] == 2 and uniform.response_metadata["n_text_tokens"] == 0
+    with pytest.raises(ValueError, match=r"RetrieverRank\(expand=3\) reads more chunks whole than k=2"):
+        build_qa_chain(index, llm, k=2, resolution=RetrieverRank(expand=3))
     text = build_qa_chain(index.as_retriever(k=2), llm, as_text=True).invoke(question)
     assert text == message.content  # greedy: the same answer
 

@@ -105,6 +105,7 @@ from nugget_rag.resolution import (  # noqa: E402
     ResolutionPolicy,
     RetrieverRank,
     UniformResolution,
+    resolve_policy,
 )
 
 TEXTS = [DOC, DOC2, "Rivers run to the sea over stones and sand.", "Bees make honey from the nectar of flowers."]
@@ -125,7 +126,9 @@ def compressor(make_model):
 def test_every_policy_keeps_within_its_budget(compressor, policy):
     lengths = [len(compressor.model.tokenizer(t)["input_ids"]) for t in TEXTS]
     readings = policy.plan(QUESTION, TEXTS, compressor)
-    assert sum(r.positions for r in readings) <= policy.positions_budget(lengths)
+    whole = sum(r.positions for r in readings if r.ratio == 1)
+    skims = sum(r.positions for r in readings if r.ratio not in (None, 1))
+    assert skims == 0 or whole + skims <= policy.positions_budget(lengths)  # skims take what the whole ones leave
     states = [compressor.states([t], r.ratio, r.adapter)[0] for t, r in zip(TEXTS, readings) if r.ratio]
     assert [s.k for s in states] == [r.positions for r in readings if r.ratio]
     assert any(r.ratio for r in readings) and all(r.reason for r in readings)
@@ -149,11 +152,47 @@ def test_the_top_document_is_read_whole_before_any_other_is_skimmed(compressor):
     assert sum(r.positions for r in readings) <= policy.positions_budget(lengths)
 
 
-def test_a_document_longer_than_the_budget_is_read_as_finely_as_it_allows(compressor):
-    readings = RetrieverRank(budget=0.1).plan(QUESTION, TEXTS, compressor)
-    lengths = [len(compressor.model.tokenizer(t)["input_ids"]) for t in TEXTS]
-    assert readings[0].ratio > 1 and readings[0].adapter == ENCODER and "finest the budget" in readings[0].reason
-    assert readings[0].positions <= RetrieverRank(budget=0.1).positions_budget(lengths)
+def test_a_document_longer_than_the_budget_is_still_read_whole_as_text(compressor):
+    readings = RetrieverRank(budget=0.1, skim_ratio=10).plan(QUESTION, TEXTS, compressor)
+    assert [r.ratio for r in readings] == [1.0, None, None, None] and readings[0].adapter is None
+    assert "read whole as text" in readings[0].reason and "budget holds no more" in readings[1].reason
+
+
+@pytest.mark.parametrize("texts", [[DOC2], [DOC2 * 3, TEXTS[2]]], ids=["k=1", "k=2, long top passage"])
+def test_the_default_reads_the_top_passage_as_text_and_says_so(compressor, texts):
+    """NuggetLLM's own default is the chain's: the top passage whole as text, whatever its share of the budget."""
+    meta = NuggetLLM(compressor=compressor, max_new_tokens=2).invoke({"documents": texts, "question": QUESTION}
+                                                                     ).response_metadata
+    assert meta["resolution_policy"] == "QueryLikelihood"
+    top = max(meta["resolution"], key=lambda r: r["relevance"])
+    assert top["ratio"] == 1.0 and top["read_as"] == "text" and "read whole as text" in top["reason"]
+    assert [s["read_as"] for s in meta["sources"]] == ["text"] and meta["sources"][0]["index"] == top["index"]
+    assert meta["n_nuggets"] == 0 and meta["n_text_tokens"] == meta["n_document_tokens"] == top["positions"]
+    assert meta["compression_ratio"] == 1.0
+
+
+def test_nugget_llm_alone_reads_four_passages_as_the_chain_does(compressor):
+    from langchain_core.runnables import RunnableLambda
+
+    from nugget_rag.integrations import build_qa_chain
+
+    docs = [Document(page_content=t, metadata={"source": f"d{i}"}) for i, t in enumerate(TEXTS)]
+    alone = NuggetLLM(compressor=compressor, max_new_tokens=4).invoke({"documents": docs, "question": QUESTION})
+    chained = build_qa_chain(RunnableLambda(lambda _: docs), NuggetLLM(compressor=compressor, max_new_tokens=4)
+                             ).invoke(QUESTION)
+    assert alone.response_metadata["resolution"] == chained.response_metadata["resolution"]
+    assert alone.content == chained.content
+    assert [r["read_as"] for r in alone.response_metadata["resolution"]].count("text") == 1
+
+
+def test_a_summary_keeps_the_compressed_reading(compressor):
+    from nugget_rag.prompts import SUMMARY_PROMPT
+
+    summary = NuggetLLM(compressor=compressor, max_new_tokens=2, prompt_template=SUMMARY_PROMPT)
+    meta = summary.invoke({"documents": TEXTS[:2], "question": ""}).response_metadata
+    assert meta["resolution_policy"] == "UniformResolution"
+    assert [r["ratio"] for r in meta["resolution"]] == [compressor.effective_ratio] * 2
+    assert [s["read_as"] for s in meta["sources"]] == ["nuggets", "nuggets"]
 
 
 def test_lexical_rerank_puts_the_matching_document_first(compressor):
@@ -178,8 +217,14 @@ def test_query_likelihood_is_the_questions_log_probability_given_each_reading(co
 def test_bad_budgets_and_empty_inputs_get_clear_errors(compressor):
     with pytest.raises(ValueError, match="holds none of the 4 documents"):
         UniformResolution(skim_ratio=1, max_positions=2).plan(QUESTION, TEXTS, compressor)
-    with pytest.raises(ValueError, match="cannot hold 3 expanded documents"):
-        RetrieverRank(expand=3, max_positions=2).plan(QUESTION, TEXTS, compressor)
+    with pytest.raises(ValueError, match="unknown resolution 'best'.*'default'"):
+        resolve_policy("best")
+    with pytest.raises(ValueError, match="resolution=None is not a reading.*'uniform'"):
+        NuggetLLM(compressor=compressor, resolution=None)
+    with pytest.raises(ValueError, match="unknown resolution 'best'"):
+        NuggetLLM(compressor=compressor, resolution="best")
+    with pytest.raises(ValueError):
+        RetrieverRank(budget=0)
     with pytest.raises(ValueError, match="got no documents"):
         QueryLikelihood().plan(QUESTION, [], compressor)
     with pytest.raises(ValueError):
@@ -207,7 +252,8 @@ def test_nugget_llm_reads_each_document_at_its_planned_ratio(compressor, make_mo
     assert [r["ratio"] for r in meta["resolution"]] == [1.0, 10.0, 10.0, 10.0]
     assert [r["read_as"] for r in meta["resolution"]] == ["text", "nuggets", "nuggets", "nuggets"]
     assert meta["resolution_policy"] == "RetrieverRank"
-    assert meta["n_nuggets"] == sum(r["positions"] for r in meta["resolution"])
+    assert meta["n_text_tokens"] == meta["resolution"][0]["positions"]
+    assert meta["n_nuggets"] == sum(r["positions"] for r in meta["resolution"][1:])
     # The same as generating from those states directly.
     whole = compressor.states([TEXTS[0]], 1.0, adapter=None)
     skims = compressor.states(TEXTS[1:], 10.0)
@@ -223,7 +269,7 @@ def test_one_document_read_whole_as_text_is_the_frozen_models_full_reading(compr
     llm = NuggetLLM(compressor=compressor, max_new_tokens=6, resolution=RetrieverRank(budget=1.0))
     answer = llm.invoke({"documents": [TEXTS[1], TEXTS[0]], "question": QUESTION})
     assert [r["ratio"] for r in answer.response_metadata["resolution"]] == [1.0, None]
-    assert answer.response_metadata["sources"] == [{"index": 0}]
+    assert answer.response_metadata["sources"] == [{"index": 0, "read_as": "text"}]
     model = compressor.model
     ids = chat_token_ids(model.tokenizer, full_context_messages([TEXTS[1]], render_instruction(llm.prompt_template,
                                                                                               QUESTION)))

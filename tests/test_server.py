@@ -485,7 +485,7 @@ def test_metrics_in_prometheus_format(client):
     assert samples[("nugget_rag_requests_total", (("path", "/ask"), ("status", "200")))] == 1
     assert samples[("nugget_rag_errors_total", (("status", "422"),))] == 1
     assert samples[("nugget_rag_tokens_total", (("direction", "out"),))] == 3
-    assert samples[("nugget_rag_nuggets_read_total", (("source", "store"),))] >= 1  # computed at /ingest
+    assert samples[("nugget_rag_nuggets_read_total", (("source", "computed"),))] >= 1  # the passage's text state
     assert samples[("nugget_rag_pending_requests", ())] == 0
     assert samples[("nugget_rag_request_seconds_count", (("path", "/ask"),))] == 2
     assert samples[("nugget_rag_first_token_seconds_count", ())] == 1

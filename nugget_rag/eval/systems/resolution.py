@@ -52,7 +52,8 @@ class GoldChoice(ResolutionPolicy):
 
 
 class PolicyReading(System):
-    """Documents read as a resolution policy plans them, from a compressor on the run's model (memory store)."""
+    """Documents read as a resolution policy plans them (ResolutionPolicy.read), from a compressor on the run's
+    model (memory store)."""
 
     kinds = QA
     in_default = False
@@ -61,25 +62,32 @@ class PolicyReading(System):
     expand: ClassVar[int] = 1
     whole_reading: ClassVar[str] = "text"
 
+    def policy_for(self, query, ratio) -> ResolutionPolicy:
+        return self.policy(skim_ratio=ratio if self.skim else None, expand=self.expand, whole_reading=self.whole_reading)
+
     def prepare(self, env: Env, queries, ratio):
         compressor = env.cache.get("resolution_compressor")
         if compressor is None:
             compressor = env.cache["resolution_compressor"] = NuggetCompressor(model=env.model)
-        policy = self.policy(skim_ratio=ratio if self.skim else None, expand=self.expand,
-                             whole_reading=self.whole_reading)
         out: list[Reading | Skipped] = []
         for q in queries:
             if any(len(ids) == 0 for ids in q.document_ids):
                 out.append(Skipped("empty document"))
                 continue
-            planner = policy.model_copy(update={"gold": q.gold}) if isinstance(policy, GoldChoice) else policy
-            readings = planner.plan(q.question, q.documents, compressor)
-            states = [compressor.states([text], r.ratio, r.adapter)[0]
-                      for text, r in zip(q.documents, readings) if r.ratio is not None]
+            readings, found, adapter = self.policy_for(q, ratio).read(q.question, q.documents, compressor)
             info = {"gold_read_whole": int(any(readings[g].ratio == 1 for g in q.gold)),
                     "gold_dropped": int(any(readings[g].ratio is None for g in q.gold))} if q.gold else {}
-            out.append(Reading(states=states, adapter=planner.decoder_adapter(readings), info=info))
+            out.append(Reading(states=[f.state for f in found], adapter=adapter, info=info))
         return out
+
+
+class GoldReading(PolicyReading):
+    """The oracle: the task's gold passages ranked first."""
+
+    policy = GoldChoice
+
+    def policy_for(self, query, ratio) -> ResolutionPolicy:
+        return super().policy_for(query, ratio).model_copy(update={"gold": query.gold})
 
 
 _DESCRIPTIONS = {
@@ -93,7 +101,8 @@ for _name, _policy in [*POLICIES.items(), ("oracle", GoldChoice)]:
     for _skim, _expand in itertools.product((False, True), (1, 2) if _name in ("likelihood", "oracle") else (1,)):
         _suffix = ("adaptive" if _skim else "select") + ("" if _expand == 1 else f"_top{_expand}")
         _first = "first passage" if _expand == 1 else f"first {_expand} passages"
-        register(f"{_name}_{_suffix}")(type(f"{_policy.__name__}{_suffix.title()}", (PolicyReading,), {
+        _base = GoldReading if _policy is GoldChoice else PolicyReading
+        register(f"{_name}_{_suffix}")(type(f"{_policy.__name__}{_suffix.title()}", (_base,), {
             "policy": _policy, "skim": _skim, "uses_ratio": _skim, "expand": _expand,
             "label": f"{_name}: {_first} whole" + (", the rest at r" if _skim else ", the rest dropped"),
             "description": f"Reads {_DESCRIPTIONS[_name]}" + ("" if _expand == 1 else f" (the top {_expand})")
@@ -102,9 +111,8 @@ for _name, _policy in [*POLICIES.items(), ("oracle", GoldChoice)]:
 
 
 @register("oracle_adaptive_nuggets")
-class GoldNuggetsAdaptive(PolicyReading):
+class GoldNuggetsAdaptive(GoldReading):
     label = "oracle: gold passage as nuggets at r = 1, the rest at r"
     description = "The gold passage as the encoder's nuggets at r = 1 (not as text), the others at r."
-    policy = GoldChoice
     skim = True
     whole_reading = "nuggets"
