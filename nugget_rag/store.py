@@ -97,7 +97,7 @@ class NuggetStore:
         self.byte_store = DirectoryByteStore(directory) if directory is not None else byte_store
         self.max_memory_bytes = max_memory_bytes
         self.redis: RedisLocation | None = None  # set by from_redis
-        self.stats = {"memory_hits": 0, "store_hits": 0, "misses": 0, "corrupt": 0, "writes": 0}
+        self.stats = {"memory_hits": 0, "store_hits": 0, "misses": 0, "corrupt": 0, "writes": 0, "bytes_written": 0}
         self._memory: OrderedDict[str, NuggetState] = OrderedDict()
         self._memory_bytes = 0
         self._lock = threading.Lock()
@@ -143,12 +143,13 @@ class NuggetStore:
         state = _cpu_copy(state)
         self._remember(key, state)
         if self.byte_store is not None:
+            data = state.to_bytes()
             try:
-                self.byte_store.mset([(key, state.to_bytes())])
+                self.byte_store.mset([(key, data)])
             except Exception as err:
                 raise StoreUnavailableError(f"could not write nugget state {key} to {self._describe()}: {err}; "
                                             "states written before are intact, and a re-run recomputes the rest") from err
-            self._count("writes")
+            self._count("writes", len(data))
         return key
 
     def _get(self, key: str, fingerprint: str | None) -> NuggetState | None:
@@ -196,9 +197,10 @@ class NuggetStore:
                 _, evicted = self._memory.popitem(last=False)
                 self._memory_bytes -= evicted.nbytes
 
-    def _count(self, stat: str) -> None:
+    def _count(self, stat: str, nbytes: int = 0) -> None:
         with self._lock:
             self.stats[stat] += 1
+            self.stats["bytes_written"] += nbytes
 
 
 def _cpu_copy(state: NuggetState) -> NuggetState:

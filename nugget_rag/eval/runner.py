@@ -210,12 +210,13 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
     notes: Counter = Counter()
     for i in done:
         for key, value in readings[i].info.items():
-            if key != "kept_tokens" and isinstance(value, (int, float)):
+            if key != "kept_tokens" and isinstance(value, int):  # counts, such as gold_read_whole
                 notes[key] += value
     for i in done:
+        info = {k: v for k, v in readings[i].info.items() if k != "kept_tokens" and isinstance(v, (int, float, list))}
         predictions.append({"task": task.name, "system": system.name, "ratio": ratio, "id": examples[i].id,
                             "output": outputs[i] if task.kind != "lm" else {"nll": outputs[i][0], "tokens": outputs[i][1]},
-                            "references": examples[i].references})
+                            "references": examples[i].references, **({"info": info} if info else {})})
     row = {
         "metrics": score(task, scored, values),
         "examples": len(examples), "scored": len(done), "skipped": dict(skipped), "empty_outputs": empty,

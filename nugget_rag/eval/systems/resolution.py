@@ -14,7 +14,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from ...compressor import NuggetCompressor
-from ...resolution import POLICIES, ResolutionPolicy
+from ...resolution import POLICIES, ResolutionPolicy, default_resolution
 from .base import Env, Reading, Skipped, System, register
 
 QA = frozenset({"qa"})
@@ -75,8 +75,11 @@ class PolicyReading(System):
                 out.append(Skipped("empty document"))
                 continue
             readings, found, adapter = self.policy_for(q, ratio).read(q.question, q.documents, compressor)
-            info = {"gold_read_whole": int(any(readings[g].ratio == 1 for g in q.gold)),
-                    "gold_dropped": int(any(readings[g].ratio is None for g in q.gold))} if q.gold else {}
+            info = {"relevance": [r.relevance for r in readings],
+                    "read_whole": sum(r.ratio == 1 for r in readings)}  # per question, in the predictions file
+            if q.gold:
+                info |= {"gold_read_whole": int(any(readings[g].ratio == 1 for g in q.gold)),
+                         "gold_dropped": int(any(readings[g].ratio is None for g in q.gold))}
             out.append(Reading(states=[f.state for f in found], adapter=adapter, info=info))
         return out
 
@@ -116,3 +119,13 @@ class GoldNuggetsAdaptive(GoldReading):
     description = "The gold passage as the encoder's nuggets at r = 1 (not as text), the others at r."
     skim = True
     whole_reading = "nuggets"
+
+
+@register("default_reading")
+class DefaultReading(PolicyReading):
+    label = "the default: default_resolution()"
+    description = "The chain's default policy (nugget_rag.resolution.default_resolution), as NuggetLLM reads by default."
+    uses_ratio = False
+
+    def policy_for(self, query, ratio) -> ResolutionPolicy:
+        return default_resolution()
