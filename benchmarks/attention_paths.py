@@ -36,7 +36,7 @@ def batch(model: NuggetModel, args) -> tuple[list[list[int]], torch.Tensor, torc
     tokenize = lambda text: model.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     docs = [tokenize(r["context"]) for r in records]
     targets = [tokenize(f"{r['question']} {r['answers'][0]}") for r in records[:: args.documents]]
-    ids, mask = model._pad(targets)
+    ids, mask = model.pad(targets)
     return docs, ids, mask
 
 

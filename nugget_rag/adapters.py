@@ -60,6 +60,7 @@ class Adapters:
             for name, child in parent.named_children() if isinstance(child, nn.Linear) and id(child) not in tuned
         ]
         self._merged_cache: dict[tuple[str, str], tuple[tuple, list[nn.Module | None]]] = {}  # by adapter, format
+        self._int8_head: tuple[tuple | None, Int8Linear | None] = (None, None)  # (weights it was built from, layer)
         self.original_modules: list[nn.Module] | None = None  # the slots' own layers while stand-ins are in place
 
     # ------------------------------------------------------------------ weights
@@ -130,6 +131,15 @@ class Adapters:
                 cached = self._merged_cache[key] = (stamp, [self._merged_layer(adapter, parent, module)
                                                                 for (parent, _), module in zip(self.slots, originals)])
         return cached[1]
+
+    def output_layer(self, head: nn.Linear) -> nn.Module:
+        """The output layer `head` (never adapted), as int8 in passes without autograd under merged_format "int8"."""
+        if self.merged_format != "int8" or torch.is_grad_enabled():
+            return head
+        stamp = weights_version([head.weight])
+        if self._int8_head[0] != stamp:
+            self._int8_head = (stamp, Int8Linear(head.weight, head.bias))
+        return self._int8_head[1]
 
     def _merged_layer(self, adapter: str, parent: nn.Module, layer: nn.Linear) -> nn.Module | None:
         weight = layer.weight

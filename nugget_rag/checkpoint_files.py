@@ -1,15 +1,14 @@
 """The files of a nugget checkpoint (the trained parts, not the base model): names, format, metadata, and the one
-shipped for the default base model. `NuggetModel.save_pretrained` writes them; `from_pretrained` reads them."""
+shipped for the default base model. `NuggetModel.save_pretrained` writes them; `from_pretrained` reads them
+(persistence.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from torch import nn
 
 from .base_model import DEFAULT_MODEL_NAME, BaseLM
 from .config import LEGACY_PLACEMENT, NuggetConfig
@@ -43,15 +42,6 @@ def read_checkpoint_parts(directory: str | Path) -> dict[str, dict[str, torch.Te
     return parts
 
 
-def weights_digest(named: list[tuple[str, torch.Tensor]]) -> str:
-    """sha256 of named weights' values (in float32)."""
-    h = hashlib.sha256()
-    for name, p in named:
-        h.update(name.encode())
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
 def default_checkpoint_for(base_model: str | Path | BaseLM | None) -> Path | None:
     """The shipped checkpoint when `base_model` is the default model (None or its name), else None (untrained)."""
     if base_model is None:
@@ -75,13 +65,3 @@ def read_checkpoint_meta(directory: str | Path) -> dict:
         raise ValueError(f"{path} has format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
     return meta
 
-
-def base_digest(model: nn.Module) -> str:
-    """A dtype-independent digest of the frozen base weights (a strided sample of every tensor)."""
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        flat = p.detach().flatten()
-        sample = flat[:: max(1, flat.numel() // 4096)][:4096].to(torch.bfloat16).float().cpu()
-        h.update(f"{name}:{tuple(p.shape)}".encode())
-        h.update(sample.numpy().tobytes())
-    return h.hexdigest()[:32]

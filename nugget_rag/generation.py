@@ -16,11 +16,11 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from .config import DECODER
+from .config import DECODER, Decoding
 from .layout import NuggetLayout, decoder_positions
 from .model import NuggetModel
 from .state import NuggetState
-from .static_decoding import Decoding, StaticDecoding
+from .static_decoding import StaticDecoding
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def generation_steps(
         raise ValueError(f"got {len(samples)} document lists for {len(prompts)} prompts")
     if any(len(p) == 0 for p in prompts) and not (soft_prompt and model.soft_prompt.shape[0]):
         raise ValueError("every prompt needs at least one token (an empty one only after the soft prompt)")
-    input_ids, token_mask = model._pad(prompts, left=True)
+    input_ids, token_mask = model.pad(prompts, left=True)
     layout = model.layout(samples, prefixes, adapter)
     embeds, token_mask = model.embed(input_ids, token_mask, soft_prompt)
     model.check_positions(int(layout.next_positions.max()), embeds.shape[1] + 1)  # room for one new token at least

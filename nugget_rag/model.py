@@ -1,38 +1,35 @@
 """The Dodo model: a frozen LLaMA with an encoder and a decoder LoRA adapter, a Scorer and a soft prompt.
 
-Data flow: token ids -> Scorer over the frozen model's early layers -> top-k positions -> encoder pass that
-records every layer's key/value states there (NuggetState) -> decoder pass whose tokens attend to the
-nuggets of any number of documents and to themselves. Where everything sits: layout.py. `NuggetModel.run` is
-the one caller of the inner LLaMA model.
+Data flow: token ids -> Scorer over the frozen model's early layers -> top-k positions -> encoder pass that records
+every layer's key/value states there (NuggetState) -> decoder pass whose tokens attend to the nuggets of any number of
+documents and to themselves. Where everything sits: layout.py; fingerprints: identity.py; checkpoints: persistence.py.
+`NuggetModel.run` is the one caller of the inner LLaMA model.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpoint_files as ckpt
 from . import layout as positions
-from .adapters import Adapters, weights_version
+from .adapters import Adapters
 from .attention import CaptureNuggets, ReadNuggets
 from .attention import install as install_attention
-from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
-from .config import DECODER, ENCODER, MergedFormat, NuggetConfig
-from .int8 import Int8Linear, check_int8_support
+from .base_model import BaseLM
+from .config import DECODER, ENCODER, Decoding, MergedFormat, NuggetConfig
+from .identity import Identity, base_digest
+from .int8 import check_int8_support
 from .layout import NuggetLayout
-from .prefix_cache import PrefixCache
+from .persistence import Persistence
+from .prefix_cache import Prefix, PrefixCache
 from .scorer import Scorer, rank_nuggets, select_nuggets
 from .state import NuggetState
-from .static_decoding import Decoding
 
 PREFIX_CACHE_SIZE = 8  # prompt openings kept between queries (one per system prompt in use, typically)
 COMPILED_VARIANTS = 64  # torch.compile recompilations allowed per layer function (adapters x grad modes x shapes)
@@ -46,7 +43,7 @@ class DecoderOutput:
     target_logits: torch.Tensor | None = None
 
 
-class NuggetModel(nn.Module):
+class NuggetModel(Identity, Persistence, nn.Module):
     """Dodo as a context compressor (paper Sec. 2.3) on a Hugging Face LLaMA model."""
 
     def __init__(self, base: BaseLM, config: NuggetConfig | None = None):
@@ -59,7 +56,7 @@ class NuggetModel(nn.Module):
         self.document_opening = positions.document_opening(self.tokenizer, self.config.placement == "in_user_turn")
         lm = base.model
         install_attention(lm.model)
-        self._base_digest = ckpt.base_digest(lm)
+        self._base_digest = base_digest(lm)
         positions.check_fixed_rotary(lm.config, base.name)
         if not 1 <= self.config.scorer_layer <= lm.config.num_hidden_layers:
             raise ValueError(
@@ -82,7 +79,6 @@ class NuggetModel(nn.Module):
         self.lock = threading.Lock()
         self._weights_digests: dict[str | None, tuple[tuple, str]] = {}  # adapter -> (what it hashed, its sha256)
         self.prefix_cache = PrefixCache(PREFIX_CACHE_SIZE)
-        self._int8_head: tuple[tuple | None, Int8Linear | None] = (None, None)  # (weights it was built from, layer)
         # How decoder passes that fit it (right-padded, one pass: training) attend to nuggets: "fused" without a float
         # mask (attention.BiasChannelNuggets), "reference" under one, "auto" fused on CUDA.
         self.attention: Literal["auto", "fused", "reference"] = "auto"
@@ -108,9 +104,8 @@ class NuggetModel(nn.Module):
 
     @property
     def merged_format(self) -> MergedFormat:
-        """How the merged adapters' passes run: "float" (the model's dtype) or "int8" (every linear layer of the
-        decoder stack and the output layer with int8 weights: 1.8x faster decoding on a CPU; float32 CPU models
-        only; int8.py)."""
+        """How the merged adapters' passes run: "float" (the model's dtype) or "int8" (int8 weights in each linear
+        layer of the decoder stack and the output layer: 1.8x faster decoding on a CPU; float32 CPU only; int8.py)."""
         return self.adapters.merged_format
 
     @merged_format.setter
@@ -145,10 +140,9 @@ class NuggetModel(nn.Module):
 
     def run(self, adapter: str | None, nuggets: CaptureNuggets | ReadNuggets | None = None,
             inner: nn.Module | None = None, **inputs: torch.Tensor | object) -> torch.Tensor:
-        """One pass of the inner LLaMA model with `adapter` active (None: the frozen base model), under the model's
-        lock; returns the last hidden states. `inputs`: input_ids or inputs_embeds, and position_ids,
-        attention_mask or a KV `cache`. The only caller of the inner model (or of `inner`, a compiled wrapper of
-        it): adapter switches are global."""
+        """One pass of the inner LLaMA model with `adapter` active (None: the frozen base model), under the lock;
+        returns the last hidden states. `inputs`: input_ids or inputs_embeds, and position_ids, attention_mask or a KV
+        `cache`. The only caller of the inner model (or `inner`, its compiled wrapper): adapter switches are global."""
         use_cache = inputs.get("cache") is not None
         with self.lock, self.use_adapter(adapter):
             inner = self.llama.model if inner is None else inner
@@ -156,19 +150,10 @@ class NuggetModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer (never adapted; in int8 without autograd when `merged_format` is "int8")."""
-        head = self.llama.lm_head
-        if self.merged_format == "int8" and not torch.is_grad_enabled():
-            stamp = weights_version([head.weight])
-            if self._int8_head[0] != stamp:
-                self._int8_head = (stamp, Int8Linear(head.weight, head.bias))
-            head = self._int8_head[1]
-        return head(hidden)
+        return self.adapters.output_layer(self.llama.lm_head)(hidden)
 
     def adapter_parameters(self, adapter: str) -> Iterator[nn.Parameter]:
         return self.adapters.parameters(adapter)
-
-    def named_adapter_parameters(self, adapter: str) -> list[tuple[str, nn.Parameter]]:
-        return self.adapters.named_parameters(adapter)
 
     def set_trainable(self, encoder: bool = True, decoder: bool = True, scorer: bool = True, soft_prompt: bool = True):
         """Choose which nugget parts train; the base model stays frozen."""
@@ -198,40 +183,9 @@ class NuggetModel(nn.Module):
         for layer in self.layers:
             layer.compile(dynamic=True)
 
-    # ------------------------------------------------------------------ identity
-    def fingerprint(self, ratio: float | None = None, adapter: str | None = ENCODER,
-                    segment_tokens: int | None = None, ranked: bool = False) -> str:
-        """Digest of everything that shapes a NuggetState: base model, the compressing adapter (weights and LoRA
-        settings), Scorer, r (a ranked state's floor), segment length, dtype."""
-        ratio = self.config.ratio if ratio is None else ratio
-        segment_tokens = self.segment_length(segment_tokens)
-        named = self.named_adapter_parameters(adapter) if adapter else []
-        named += [(f"scorer.{n}", p) for n, p in self.scorer.named_parameters()]
-        # Hashing every weight costs a device-to-host copy; redo it only when a weight changed in place
-        # (an optimiser step, a load) or was replaced, which version counters, ids and storage pointers tell.
-        stamp = (adapter, weights_version(p for _, p in named))
-        cached = self._weights_digests.get(adapter)  # one read: another thread may replace it meanwhile
-        if cached is None or cached[0] != stamp:
-            cached = self._weights_digests[adapter] = (stamp, ckpt.weights_digest(named))
-        identity = [self._base_digest, ratio, self.config.scorer_layer, str(self.dtype), adapter, segment_tokens,
-                    self.config.lora.model_dump(mode="json") if adapter else None, cached[1]]
-        identity += [self.document_opening] if self.document_opening else []
-        identity += ["int8"] if adapter in self.merged_adapters and self.merged_format == "int8" else []
-        identity += ["ranked"] if ranked else []
-        return self.state_tag(hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32])
-
-    @property
-    def base_digest(self) -> str:
-        """Digest of the base model's weights (what a checkpoint and a NuggetState are bound to)."""
-        return self._base_digest
-
-    def state_tag(self, name: str) -> str:
-        """A NuggetState fingerprint naming this base model, then `name`; the decoder reads only states whose
-        fingerprint names its own base model."""
-        return f"{self._base_digest[:12]}:{name}"
-
     # ------------------------------------------------------------------ encoder side
-    def _pad(self, sequences: Sequence[Sequence[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def pad(self, sequences: Sequence[Sequence[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids padded into one batch on the model's device (layout.pad), and the mask of real tokens."""
         return positions.pad(sequences, self.tokenizer.pad_token_id, self.device, left)
 
     def score(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -245,14 +199,8 @@ class NuggetModel(nn.Module):
                 hidden = layer(hidden, position_embeddings=rotary, position_ids=steps)
         return self.scorer(hidden)
 
-    def compress(
-        self,
-        token_ids: Sequence[Sequence[int]],
-        ratio: float | None = None,
-        adapter: str | None = ENCODER,
-        segment_tokens: int | None = None,
-        ranked: bool = False,
-    ) -> list[NuggetState]:
+    def compress(self, token_ids: Sequence[Sequence[int]], ratio: float | None = None, adapter: str | None = ENCODER,
+                 segment_tokens: int | None = None, ranked: bool = False) -> list[NuggetState]:
         """Encode each document (a list of token ids) into its nuggets, in one right-padded batch.
 
         A document longer than `segment_tokens` (default: the model's positions less the document opening) is cut
@@ -279,7 +227,7 @@ class NuggetModel(nn.Module):
     def encoder_input(self, token_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
         """Right-padded ids of each document after the document opening, and the opening's length h."""
         opening = self.document_opening
-        return self._pad([opening + list(t) for t in token_ids])[0], len(opening)
+        return self.pad([opening + list(t) for t in token_ids])[0], len(opening)
 
     def to_document_positions(self, keys: torch.Tensor, opening: int) -> torch.Tensor:
         """Keys ([..., k, head_dim]) encoded after an opening of that many tokens, moved to positions from 0."""
@@ -310,23 +258,27 @@ class NuggetModel(nn.Module):
         """The decoder's token ids before and after the nuggets, for a chat whose last user turn asks about them."""
         return positions.prompt_around_documents(self.tokenizer, messages, self.config.placement == "in_user_turn")
 
-    def prefix_states(
-        self, prefixes: Sequence[Sequence[int]], adapter: str | None = DECODER
-    ) -> list[NuggetState | None]:
-        """Every layer's key/value states of each prompt prefix as the decoder computes them (PrefixCache)."""
-        return self.prefix_cache.states(self, prefixes, adapter)
+    def prefix_states(self, prefixes: Sequence[Sequence[int]],
+                      adapter: str | None = DECODER) -> list[NuggetState | None]:
+        """Each prompt prefix's key/value states in every layer (positions 0..h-1; None for an empty one): under
+        autograd with the adapter's gradient, else kept (PrefixCache) until the adapter's weights change."""
+        stamp = self.weights_stamp(adapter) if not torch.is_grad_enabled() else None
+        return self.prefix_cache.states(prefixes, stamp, lambda unique: self.run_prefixes(unique, adapter))
 
-    def weights_stamp(self, adapter: str | None) -> tuple:
-        """Changes whenever an adapter weight is changed in place or replaced (as in `fingerprint`)."""
-        return (adapter, str(self.dtype), str(self.device), self.adapters.version(adapter),
-                self.merged_format if adapter in self.merged_adapters else None)
+    def run_prefixes(self, unique: list[Prefix], adapter: str | None) -> dict[Prefix, NuggetState]:
+        """The states of distinct prompt prefixes, computed in one batch."""
+        input_ids, _ = self.pad(unique)
+        lengths = [len(u) for u in unique]
+        steps = torch.arange(max(lengths), device=self.device)
+        capture = CaptureNuggets(torch.stack([steps.clamp(max=n - 1) for n in lengths]))
+        self.run(adapter, capture, input_ids=input_ids)
+        keys, values = capture.stacked()
+        return {u: NuggetState(keys[:, b, :, :n], values[:, b, :, :n], steps[:n], torch.zeros(n, device=self.device),
+                               self.tokenizer.convert_ids_to_tokens(list(u)), n, self.state_tag("prompt-prefix"))
+                for b, (u, n) in enumerate(zip(unique, lengths))}
 
-    def layout(
-        self,
-        samples: Sequence[Sequence[NuggetState]],
-        prefixes: Sequence[Sequence[int] | None] | None = None,
-        adapter: str | None = DECODER,
-    ) -> NuggetLayout:
+    def layout(self, samples: Sequence[Sequence[NuggetState]], prefixes: Sequence[Sequence[int] | None] | None = None,
+               adapter: str | None = DECODER) -> NuggetLayout:
         """Each sample's prompt prefix and documents composed in order at positions 0, 1, ... (layout.compose).
 
         A prefix of None (the default) is the document opening for a sample with documents, else nothing. States
@@ -335,12 +287,7 @@ class NuggetModel(nn.Module):
         prefixes = [None] * len(samples) if prefixes is None else prefixes
         if len(prefixes) != len(samples):
             raise ValueError(f"got {len(prefixes)} prompt prefixes for {len(samples)} samples")
-        origin = self.state_tag("")
-        for state in (state for docs in samples for state in docs):
-            if not state.fingerprint.startswith(origin):
-                raise ValueError(f"a NuggetState with fingerprint {state.fingerprint!r} was made by another base model "
-                                 f"than {self.base_name!r} (fingerprints start {origin!r}); compress the document "
-                                 "with this model")
+        self.check_origin(state for docs in samples for state in docs)
         wanted = [(self.document_opening if docs else []) if p is None else p for p, docs in zip(prefixes, samples)]
         heads = self.prefix_states(wanted, adapter)
         samples = [docs if head is None else [head, *docs] for head, docs in zip(heads, samples)]
@@ -360,18 +307,11 @@ class NuggetModel(nn.Module):
         """Refuse a decoder input of `states` prefix and nugget states and `tokens` tokens that cannot fit."""
         positions.check_positions(self.max_positions, states, tokens)
 
-    def decode(
-        self,
-        samples: Sequence[Sequence[NuggetState]],
-        input_ids: torch.Tensor,
-        token_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        soft_prompt: bool = False,
-        adapter: str | None = DECODER,
-        return_logits: bool = True,
-        prefixes: Sequence[Sequence[int] | None] | None = None,
-        logit_labels: torch.Tensor | None = None,
-    ) -> DecoderOutput:
+    def decode(self, samples: Sequence[Sequence[NuggetState]], input_ids: torch.Tensor,
+               token_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None, soft_prompt: bool = False,
+               adapter: str | None = DECODER, return_logits: bool = True,
+               prefixes: Sequence[Sequence[int] | None] | None = None,
+               logit_labels: torch.Tensor | None = None) -> DecoderOutput:
         """Decoder pass over `input_ids` after each sample's prompt prefix and documents' nuggets (and soft prompt).
 
         `labels` align with `input_ids` (-100 = ignored); the loss predicts each label from everything before it
@@ -408,66 +348,3 @@ class NuggetModel(nn.Module):
         """Last hidden states of a plain forward over right-padded `input_ids` (no nuggets; adapters off by default:
         the uncompressed teacher of distillation)."""
         return self.run(adapter, input_ids=input_ids, attention_mask=token_mask.long())
-
-    # ------------------------------------------------------------------ save / load
-    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32,
-                        training: dict | None = None) -> Path:
-        """Write the nugget parts (adapters, Scorer, soft prompt) as safetensors and the config as JSON.
-
-        `dtype=torch.bfloat16` halves the file (what the package ships); loading casts to the model's dtype.
-        `training` (JSON) records how the parts were trained, such as the ratios (`read_checkpoint_meta` shows it).
-        """
-        parts = {adapter: self.adapters.state_dict(adapter) for adapter in (ENCODER, DECODER)}
-        parts |= {"scorer": self.scorer.state_dict(), "": {"soft_prompt": self.soft_prompt}}
-        meta = {"base_model": self.base_name, "base_digest": self._base_digest, "config": self.config.model_dump()}
-        return ckpt.write_checkpoint(directory, parts, meta | ({"training": training} if training else {}), dtype)
-
-    def load_parts(self, directory: str | Path) -> None:
-        """Load weights written by save_pretrained into this model (same config and base model)."""
-        meta = ckpt.read_checkpoint_meta(directory)
-        if meta["base_digest"] != self._base_digest:
-            raise ValueError(
-                f"the checkpoint in {directory} was trained on base model {meta['base_model']!r}, whose weights "
-                f"differ from the loaded {self.base_name!r}; load it with that base model"
-            )
-        parts = ckpt.read_checkpoint_parts(directory)
-        for adapter in (ENCODER, DECODER):
-            try:
-                self.adapters.load_state_dict(adapter, parts.get(adapter, {}))
-            except ValueError as err:
-                raise ValueError(f"{directory}: {err}") from None
-        self.scorer.load_state_dict(parts["scorer"])
-        with torch.no_grad():
-            self.soft_prompt.copy_(parts[""]["soft_prompt"])
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        directory: str | Path | None = ckpt.DEFAULT_CHECKPOINT,
-        base_model: str | Path | BaseLM | None = None,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        config: NuggetConfig | None = None,
-    ) -> NuggetModel:
-        """Load nugget parts from `directory` onto their base model.
-
-        `directory="default"`: the checkpoint shipped for the default base model (MODEL_CARD.md), or a fresh model
-        on any other base; `None`: a fresh (untrained) model.
-        """
-        if directory == ckpt.DEFAULT_CHECKPOINT:
-            directory = ckpt.default_checkpoint_for(base_model)
-        meta = ckpt.read_checkpoint_meta(directory) if directory is not None else None
-        if config is None:
-            config = ckpt.checkpoint_config(directory) if meta else NuggetConfig()
-        if not isinstance(base_model, BaseLM):
-            if base_model is None and meta and meta["base_model"] != DEFAULT_MODEL_NAME:
-                raise ValueError(
-                    f"the checkpoint in {directory} belongs to base model {meta['base_model']!r}; "
-                    "pass base_model=<its checkpoint directory>"
-                )
-            base_model = load_base_model(base_model, device=device, dtype=dtype)
-        model = cls(base_model, config)
-        if directory is not None:
-            model.load_parts(directory)
-        return model
-

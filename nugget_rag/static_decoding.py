@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import StaticCache
@@ -21,9 +21,6 @@ from transformers import StaticCache
 if TYPE_CHECKING:
     from .model import NuggetModel
 
-# "dynamic": a KV cache that grows, eager (the default); "static": a preallocated one; "compiled": static, each
-# one-token step through torch.compile (CUDA graphs on CUDA).
-Decoding = Literal["dynamic", "static", "compiled"]
 CAPACITY_STEP = 256  # caches are sized in steps of this many positions, so that similar requests share one graph
 
 

@@ -88,7 +88,7 @@ def test_left_padded_tokens_under_fused_attention_are_read_under_the_mask(make_m
     model = make_model(ratio=2)
     with torch.no_grad():
         states = model.compress([doc_ids(d) for d in DOCS])
-    ids, mask = model._pad([doc_ids(TARGETS[0]), doc_ids("Why?")], left=True)  # as generation pads its prompts
+    ids, mask = model.pad([doc_ids(TARGETS[0]), doc_ids("Why?")], left=True)  # as generation pads its prompts
     samples = [[states[0]], [states[1], states[2]]]
     with torch.no_grad():
         reference = model.decode(samples, ids, token_mask=mask).logits

@@ -302,7 +302,7 @@ def test_generation_from_a_prefilled_cache_equals_the_nugget_mask_path(make_mode
                              ([[s2, s1]], [doc_ids(PROMPT)])]:  # one row: no mask at all
         fast = steps(generation.prefill_nuggets, samples, prompts)
         slow = steps(lambda layout, mask: None, samples, prompts)
-        real = model._pad(prompts, left=True)[1]
+        real = model.pad(prompts, left=True)[1]
         assert (fast[0][real] - slow[0][real]).abs().max() < 1e-4  # real tokens of the prompt pass
         assert all((f - s).abs().max() < 1e-4 for f, s in zip(fast[1:], slow[1:]))
 
@@ -475,9 +475,8 @@ def test_prompt_prefix_states_are_reused_until_the_decoder_changes(make_model, d
     model = make_model(ratio=3)
     opening = model.document_opening
     runs = []
-    real = model.prefix_cache._run
-    monkeypatch.setattr(model.prefix_cache, "_run",
-                        lambda m, unique, adapter: runs.append(len(unique)) or real(m, unique, adapter))
+    real = model.run_prefixes
+    monkeypatch.setattr(model, "run_prefixes", lambda unique, adapter: runs.append(len(unique)) or real(unique, adapter))
     with torch.no_grad():
         first = model.prefix_states([opening, opening])[0]
         again = model.prefix_states([opening])[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import get_args
 
 from ..cli_options import add_checkpoint_option, add_weights_option
-from ..static_decoding import Decoding
+from ..config import Decoding
 from .config import TASKS, EvalConfig, all_systems
 
 

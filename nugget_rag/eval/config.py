@@ -8,8 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..config import MergedFormat
-from ..static_decoding import Decoding
+from ..config import Decoding, MergedFormat
 
 TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa", "long_cnndm", "squad_rag", "hotpotqa_rag")
 DEFAULT_FILES = {

@@ -16,7 +16,7 @@ from .base import Env, Reading, Skipped, System, budget, per_document, register
 
 @torch.no_grad()
 def surprisal(model, token_ids: list[list[int]]) -> list[torch.Tensor]:
-    input_ids, mask = model._pad(token_ids)
+    input_ids, mask = model.pad(token_ids)
     logits = model.logits(model.run(None, input_ids=input_ids, attention_mask=mask.long())).float()
     logp = logits[:, :-1].log_softmax(-1).gather(-1, input_ids[:, 1:, None])[..., 0]
     out = []
