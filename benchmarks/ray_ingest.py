@@ -25,7 +25,7 @@ from langchain_core.documents import Document
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.corpora import read_squad
 from nugget_rag.integrations import NuggetIndex, minilm_embeddings
-from nugget_rag.integrations.ray_ingest import ModelLoader, RayIngestOptions
+from nugget_rag.integrations.ray_ingest import ModelLoader, RayIngestOptions, ingest_distributed
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad-dev-v1.1.json"
 
@@ -41,7 +41,7 @@ def run(docs: list[Document], workers: int, compressor: NuggetCompressor, embedd
         driver = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
         index = NuggetIndex(driver, embeddings)
         started = time.perf_counter()
-        index.ingest_distributed(docs, RayIngestOptions(workers=workers, threads_per_worker=1,
+        ingest_distributed(index, docs, RayIngestOptions(workers=workers, threads_per_worker=1,
                                                          documents_per_batch=per_batch), model=ModelLoader())
         wall = time.perf_counter() - started
     stats = index.last_ingest

@@ -20,10 +20,10 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -54,13 +54,6 @@ with warnings.catch_warnings():  # langchain-community announces its sunset on i
     from langchain_community.docstore.in_memory import InMemoryDocstore
     from langchain_community.vectorstores import FAISS
     from langchain_community.vectorstores.utils import DistanceStrategy
-
-if TYPE_CHECKING:
-    import ray.data
-
-    from nugget_rag.model import NuggetModel
-
-    from .ray_ingest import ModelLoader, RayIngestOptions
 
 log = logging.getLogger(__name__)
 
@@ -256,20 +249,6 @@ class NuggetIndex:
         log.info("ingested %(documents)d documents: %(chunks)d chunks, %(added)d new, %(skipped)d already indexed",
                  self.last_ingest)
         return len(todo)
-
-    def ingest_distributed(
-        self,
-        data: ray.data.Dataset | Sequence[str | Path] | Sequence[Document],
-        options: RayIngestOptions | None = None,
-        model: ModelLoader | Callable[[], NuggetModel] | None = None,
-    ) -> int:
-        """`ingest` on a Ray cluster: actors that each hold one nugget model compress the chunks into the shared store,
-        and this process indexes them; returns the number of new chunks. `data`: file and folder paths, Documents, or a
-        Ray Dataset; `options`: a RayIngestOptions; `model`: how each worker loads the model (ModelLoader). Needs the
-        [ray] extra; details in `nugget_rag.integrations.ray_ingest.ingest_distributed`."""
-        from .ray_ingest import ingest_distributed
-
-        return ingest_distributed(self, data, options, model)
 
     def _add(self, docs: Sequence[Document], vectors: Sequence[Sequence[float]]) -> None:
         if not docs:

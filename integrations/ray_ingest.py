@@ -1,7 +1,7 @@
 """Distributed ingest on Ray Data: a pool of actors, each holding one nugget model, compresses into one shared store.
 
     with NuggetIndex.updating("my-index", NuggetCompressor.from_pretrained(store=NuggetStore.from_redis(URL))) as index:
-        index.ingest_distributed(["corpus/"], RayIngestOptions(address="head:6379", gpus_per_worker=1))
+        ingest_distributed(index, ["corpus/"], RayIngestOptions(address="head:6379", gpus_per_worker=1))
 
 The driver reads the input (files and folders as `nugget-rag ingest` does, Documents, or a Ray Dataset of
 {"text", "id", "title", "source"} rows) and sends its documents in batches to a fixed pool of actors (`map_batches`
@@ -169,7 +169,8 @@ def ingest_distributed(
     options: RayIngestOptions | None = None,
     model: ModelLoader | Callable[[], NuggetModel] | None = None,
 ) -> int:
-    """Split, compress (on the Ray workers, into the shared store) and index `data`; returns the new chunks.
+    """`index.ingest` on a Ray cluster: split, compress (on the Ray workers, into the shared store) and index `data`
+    (file and folder paths, Documents, or a Ray Dataset); returns the new chunks.
 
     `model` is what each worker loads (default `ModelLoader()`: the default checkpoint, in the driver model's dtype);
     a worker whose model is not the driver's is refused before it writes. Chunks already indexed are skipped; files

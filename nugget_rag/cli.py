@@ -85,7 +85,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from .integrations.faiss_store import NUGGETS_DIR
 
     if args.ray is not None:
-        from .integrations.ray_ingest import connect
+        from .integrations.ray_ingest import connect, ingest_distributed
 
         connect(None if args.ray == "local" else args.ray)  # an unreachable cluster fails here, before any work
     elif args.workers or args.gpus_per_worker:
@@ -108,7 +108,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if args.ray is None:
             added = index.ingest(docs)
         else:
-            added = index.ingest_distributed(args.paths, ray_options(args), model=ray_model_loader(args))
+            added = ingest_distributed(index, args.paths, ray_options(args), model=ray_model_loader(args))
     stats = index.last_ingest
     for path, reason in stats.get("skipped_files", {}).items():
         print(f"skipped {path}: {reason}", file=sys.stderr)

@@ -27,6 +27,7 @@ from nugget_rag.integrations.ray_ingest import (  # noqa: E402
     ModelMismatchError,
     RayClusterError,
     RayIngestOptions,
+    ingest_distributed,
 )
 
 TESTS = Path(__file__).parent
@@ -173,8 +174,8 @@ def test_a_second_ingest_computes_nothing(ingested, corpus):
     log = Path(ingested["loader"].log)
     before = computed(log)
     again = NuggetIndex(tiny_compressor(ingested["store"]), HashEmbeddings(), **CHUNKING)  # unsaved: as after a crash
-    added = again.ingest_distributed(corpus, RayIngestOptions(workers=1),
-                                     model=ingested["loader"].model_copy(update={"crash": None}))
+    added = ingest_distributed(again, corpus, RayIngestOptions(workers=1),
+                               model=ingested["loader"].model_copy(update={"crash": None}))
     assert added == 12 and again.ids == ingested["index"].ids
     assert again.last_ingest["computed"] == 0 and computed(log) == before
     assert again.last_ingest["skipped_files"].keys() == read_documents(corpus).skipped.keys()
@@ -183,7 +184,7 @@ def test_a_second_ingest_computes_nothing(ingested, corpus):
 def test_a_worker_with_another_model_is_refused_before_it_writes(cluster, tmp_path):
     index = NuggetIndex(tiny_compressor(NuggetStore(directory=tmp_path / "store")), HashEmbeddings(), **CHUNKING)
     with pytest.raises(ModelMismatchError, match=f"is not the driver's \\(fingerprint {index.compressor.fingerprint}"):
-        index.ingest_distributed(DOCS, RayIngestOptions(workers=1), model=TinyLoader(seed=1))
+        ingest_distributed(index, DOCS, RayIngestOptions(workers=1), model=TinyLoader(seed=1))
     assert not list((tmp_path / "store").iterdir()) and len(index) == 0
 
 
@@ -191,7 +192,7 @@ def test_an_unreachable_ray_address_is_named_before_any_work(tmp_path, capsys, m
     address = f"127.0.0.1:{free_port()}"
     index = NuggetIndex(tiny_compressor(NuggetStore(directory=tmp_path)), HashEmbeddings(), **CHUNKING)
     with pytest.raises(RayClusterError, match=f"cannot reach the Ray cluster at {address}"):
-        index.ingest_distributed(DOCS, RayIngestOptions(address=address))
+        ingest_distributed(index, DOCS, RayIngestOptions(address=address))
     monkeypatch.setattr(cli, "load_compressor", lambda *a, **k: pytest.fail("loaded the model before the check"))
     assert cli.main(["ingest", str(tmp_path), "--index", str(tmp_path / "index"), f"--ray={address}"]) == 2
     assert f"cannot reach the Ray cluster at {address}" in capsys.readouterr().err
