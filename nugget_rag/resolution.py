@@ -23,7 +23,6 @@ single document and no skimmed ones is exactly the model reading it in the promp
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple
 
@@ -31,6 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .config import DECODER, ENCODER, NuggetConfig, nugget_count
+from .text import words
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
@@ -232,11 +232,6 @@ class QueryLikelihood(ResolutionPolicy):
         logp = torch.log_softmax(out.target_logits, dim=-1).view(len(states), len(asked), -1)
         target = torch.tensor(asked, device=logp.device)[None, :, None].expand(len(states), -1, 1)
         return logp.gather(-1, target).squeeze(-1).mean(-1).tolist()
-
-
-def words(text: str) -> list[str]:
-    """Lowercased word tokens, as BM25 reads a text."""
-    return re.findall(r"\w+", text.lower())
 
 
 POLICIES: dict[str, type[ResolutionPolicy]] = {

@@ -12,8 +12,8 @@ import pytest
 from tiny import tiny_tokenizer
 
 from nugget_rag import corpora
-from nugget_rag.train.config import Source
 from nugget_rag.train.data import load_records
+from nugget_rag.train.sources import Source
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "build_corpus.py"
 needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb is not installed")

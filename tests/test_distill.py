@@ -10,9 +10,10 @@ from tiny import tiny_base, tiny_tokenizer
 from nugget_rag.base_model import prepare_base_model
 from nugget_rag.checkpoint_files import read_checkpoint_meta
 from nugget_rag.config import DECODER, ENCODER
-from nugget_rag.train.config import Distillation, Lengths, Source
+from nugget_rag.train.config import Distillation
 from nugget_rag.train.data import ExampleBuilder, build_examples, teacher_length
 from nugget_rag.train.distill import Teacher, kl_loss
+from nugget_rag.train.sources import Lengths, Source
 from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
 from nugget_rag.train.warm_start import importance_targets, scorer_loss
 

@@ -20,9 +20,10 @@ from nugget_rag.model import NuggetModel
 from nugget_rag.train import loss, objectives
 from nugget_rag.train.checkpoint import checkpoints
 from nugget_rag.train.cli import load_config
-from nugget_rag.train.config import Source, TrainConfig
+from nugget_rag.train.config import TrainConfig
 from nugget_rag.train.data import ExampleStream, Mixture
 from nugget_rag.train.flops import FlopCounter
+from nugget_rag.train.sources import Source
 from nugget_rag.train.trainer import CONFIG_FILE, METRICS_FILE, Trainer, train
 
 LENGTHS = {"document": 48, "query": 6, "answer": 12, "autoencoding": 24}
@@ -312,8 +313,8 @@ def test_flag_values_keep_their_types(tmp_path):
 
 @pytest.mark.parametrize("in_user_turn", [True, False])
 def test_task_examples_carry_the_decoders_prompt_prefix(data, in_user_turn):
-    from nugget_rag.train.config import Lengths, Source
     from nugget_rag.train.data import ExampleBuilder, load_records
+    from nugget_rag.train.sources import Lengths, Source
 
     model = tiny_model()
     qa = Source.model_validate({**source("qa", data), "documents_per_example": 1, "split": None})
@@ -336,8 +337,8 @@ def test_init_from_a_checkpoint_of_another_placement_is_named(data, tmp_path, ca
 
 def test_examples_end_where_their_targets_end():
     """Reconstructions learn to stop (EOS); a cut answer is not taught to stop; a cut-off extractive answer skips."""
-    from nugget_rag.train.config import Lengths, Source
     from nugget_rag.train.data import ExampleBuilder
+    from nugget_rag.train.sources import Lengths, Source
 
     tok = tiny_model().tokenizer
     lengths = Lengths(document=20, query=4, answer=6, autoencoding=24, min_document=4)
@@ -379,18 +380,21 @@ def test_percentage_splits_leave_no_unit_out(tmp_path):
         assert sorted(sum(parts, [])) == list(range(n)), n
 
 
-def test_objectives_come_from_the_registry():
+def test_objectives_come_from_the_registry(tmp_path):
+    def checked(**source) -> Source:  # a run's config checks its sources against the registry
+        return TrainConfig(output_dir=tmp_path, data=[source]).data[0]
+
     with pytest.raises(ValueError, match="unknown objective 'nope'; registered: autoencoding, continuation, language_modeling, qa"):
-        Source(objective="nope", path="x.json")
+        checked(objective="nope", path="x.json")
 
     @objectives.register("test_only")
     class TestOnly(objectives.Objective):
         parts = objectives.Parts(encoder=True, decoder=False, scorer=True, soft_prompt=False)
 
     try:
-        assert Source(objective="test_only", path="x.json").objective == "test_only"
+        assert checked(objective="test_only", path="x.json").objective == "test_only"
         with pytest.raises(ValueError, match="full_context applies to qa and summarization, not test_only"):
-            Source(objective="test_only", path="x.json", full_context=True)
+            checked(objective="test_only", path="x.json", full_context=True)
     finally:
         objectives.OBJECTIVES.pop("test_only")
 
@@ -551,8 +555,8 @@ def test_resume_takes_a_nested_setting_added_since_as_its_default(data, tmp_path
 
 
 def rag_builder(data, **readings):
-    from nugget_rag.train.config import Lengths
     from nugget_rag.train.data import ExampleBuilder, load_records
+    from nugget_rag.train.sources import Lengths
 
     model = tiny_model()
     rag = Source.model_validate({**source("rag_qa", data), "readings": {"passages": 3, **readings}})

@@ -29,7 +29,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..corpora import DataError
-from .config import Source, TrainConfig
+from .config import TrainConfig
+from .sources import Source
 
 
 class _Yaml12Loader(yaml.SafeLoader):

@@ -1,4 +1,4 @@
-"""Pydantic configuration of a training run: data sources, objectives, optimisation, checkpoints, logging."""
+"""Pydantic configuration of a training run: data sources (sources.py), optimisation, checkpoints, logging."""
 
 from __future__ import annotations
 
@@ -9,108 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config import NuggetConfig, StreamSettings
-
-Format = Literal["auto", "squad", "hotpotqa", "json", "jsonl", "parquet", "text", "hub"]
-
-
-class MixedReadings(BaseModel):
-    """rag_qa examples (RAFT-style): a question's gold passage among the same-article passages that match the question
-    best (BM25), each read at its own ratio drawn from small discrete sets (Semi-Dynamic). r = 1 reads a passage as
-    its text is read (the frozen model's key/values), as a resolution policy reads the passage it expands."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    passages: int = Field(4, ge=1, description="Passages per example: the gold one and the closest distractors.")
-    whole_ratios: list[float] = Field(default_factory=lambda: [1.0, 2.0], min_length=1,
-                                      description="Ratios the gold passage is read at (1: as text).")
-    skim_ratios: list[float] = Field(default_factory=lambda: [5.0, 10.0, 20.0], min_length=1,
-                                     description="Ratios the distractors (and a compressed gold) are read at.")
-    gold_compressed: float = Field(0.2, ge=0, le=1, description="Share of examples whose gold is skimmed too.")
-    no_gold: float = Field(0.1, ge=0, le=1, description="Share of examples without the gold passage.")
-    no_gold_answer: str = Field("The documents do not say.", min_length=1,
-                                description="The target when no passage holds the answer (SQuAD has no such "
-                                            "questions, so the answer is this wording).")
-
-    @field_validator("whole_ratios", "skim_ratios")
-    @classmethod
-    def _check_ratios(cls, value: list[float]) -> list[float]:
-        return [NuggetConfig(ratio=r).ratio for r in value]
-
-    @model_validator(mode="after")
-    def _check(self) -> MixedReadings:
-        if self.gold_compressed + self.no_gold > 1:
-            raise ValueError(f"gold_compressed {self.gold_compressed} + no_gold {self.no_gold} exceed 1")
-        return self
-
-
-class Source(BaseModel):
-    """One data source feeding one objective."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    objective: str = Field(description="A registered objective (train/objectives.py): autoencoding | continuation | "
-                                       "qa | summarization | language_modeling (autoregressive mode).")
-    path: str = Field(description="A local file or folder, or a hub data set name (format=hub; needs network).")
-    format: Format = Field("auto", description="File format; auto: from the suffix (SQuAD JSON is recognised).")
-    split: Literal["train", "dev", "test"] | None = Field(
-        "train", description="Part of the file to train on, by the splits.json beside it (None: the whole file)."
-    )
-    dev_split: Literal["train", "dev", "test"] | None = Field(
-        "dev", description="Part used for periodic evaluation (None: no evaluation of this source)."
-    )
-    dev_path: str | None = Field(None, description="The file evaluation reads `dev_split` of (default: path), e.g. a "
-                                                   "corpus whose dev part is a file of its own.")
-    weight: float = Field(1.0, gt=0, description="Share of training batches drawn from this source.")
-    text_field: str = Field("text", description="Field of the text (autoencoding, continuation).")
-    document_field: str = Field("article", description="Field of the document (summarization).")
-    context_field: str = Field("context", description="Field of the document (qa, non-SQuAD files).")
-    summary_field: str = Field("highlights", description="Field of the reference summary (summarization).")
-    question_field: str = Field("question", description="Field of the question (qa, non-SQuAD files).")
-    answer_field: str = Field("answers", description="Field of the answer(s) (qa, non-SQuAD files).")
-    documents_per_example: int = Field(
-        1, ge=1, description="Multi-document examples: qa adds this many - 1 other passages as distractors, in random "
-                             "order; continuation cuts d into this many pieces; each piece is compressed on its own.",
-    )
-    full_context: bool = Field(
-        False, description="Reference without compression: the whole document in the prompt, decoder adapter only "
-                           "(qa and summarization).",
-    )
-    streaming: bool = Field(False, description="Stream records (corpora larger than memory; hub or local files).")
-    readings: MixedReadings = Field(default_factory=MixedReadings, description="rag_qa: how passages are read.")
-
-    @field_validator("objective")
-    @classmethod
-    def _check_objective(cls, value: str) -> str:
-        from .objectives import OBJECTIVES
-
-        if value not in OBJECTIVES:
-            raise ValueError(f"unknown objective {value!r}; registered: {', '.join(OBJECTIVES)}")
-        return value
-
-    @model_validator(mode="after")
-    def _check(self) -> Source:
-        if self.split == "test":
-            raise ValueError(f"source {self.path}: split='test' is reserved for evaluation; train on 'train'")
-        if self.dev_split == "test":
-            raise ValueError(f"source {self.path}: dev_split='test' would tune on the test part; use 'dev'")
-        from .objectives import OBJECTIVES
-
-        if self.full_context and not OBJECTIVES[self.objective].full_context:
-            applies = [name for name, objective in OBJECTIVES.items() if objective.full_context]
-            raise ValueError(f"source {self.path}: full_context applies to {' and '.join(applies)}, not {self.objective}")
-        return self
-
-
-class Lengths(BaseModel):
-    """Token budgets of the examples (paper Sec. 2.4: d, q, a of up to 512, 16 and 128 tokens)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    document: int = Field(512, ge=1, description="Tokens of a document (longer ones are cut).")
-    query: int = Field(16, ge=1, description="Tokens of q in text continuation.")
-    answer: int = Field(128, ge=1, description="Tokens of a in text continuation; longest answer/summary otherwise.")
-    autoencoding: int = Field(256, ge=1, description="Longest passage to reconstruct.")
-    min_document: int = Field(8, ge=1, description="Shorter documents are skipped (and counted).")
+from .objectives import check_source
+from .sources import Lengths, Source
 
 
 class Optimizer(BaseModel):
@@ -247,6 +147,13 @@ class TrainConfig(BaseModel):
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice).")
     peak_tflops: float | None = Field(None, gt=0, description="The accelerator's peak TFLOP/s, for the logged model-FLOPs "
                                                              "utilisation (default: A100, H100 and H200 are known).")
+
+    @field_validator("data")
+    @classmethod
+    def _registered_objectives(cls, sources: list[Source]) -> list[Source]:
+        for source in sources:
+            check_source(source)
+        return sources
 
     @field_validator("max_time", mode="before")
     @classmethod

@@ -37,8 +37,8 @@ from ..prompts import (
     chat_token_ids,
     full_context_messages,
 )
-from .config import Lengths, Source
 from .objectives import OBJECTIVES, example, skip
+from .sources import Lengths, Source
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,8 @@ def load_records(source: Source, split: str | None) -> datasets.Dataset | datase
 
 # ------------------------------------------------------------------ examples
 class ExampleBuilder:
-    """Turns records of one source into tokenised examples (a batched `datasets.map` function)."""
+    """Turns records of one source into tokenised examples (a batched `datasets.map` function): the objectives'
+    Builder (objectives.py)."""
 
     def __init__(self, source: Source, tokenizer: PreTrainedTokenizerBase, lengths: Lengths, max_positions: int,
                  ratio: float, seed: int, in_user_turn: bool, teacher_positions: int | None = None,

@@ -12,11 +12,12 @@ from torch import nn
 from ..autoregressive import NuggetStream
 from ..config import DECODER, ENCODER, StreamSettings
 from ..model import NuggetModel
-from .config import Distillation, Source
+from .config import Distillation
 from .data import Batch
 from .distill import Teacher, kl_loss
 from .flops import FlopCounter
 from .objectives import OBJECTIVES, parts_of
+from .sources import Source
 
 
 def compress_batch(model: NuggetModel, batch: Batch, source: Source) -> list[list]:

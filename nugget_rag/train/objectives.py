@@ -1,21 +1,21 @@
 """The training objectives (paper Sec. 2.4), registered by name like the eval systems: what each trains, which
 fields its records need, how many decoder positions it takes, how a record becomes examples, and how generated text
-is scored at evaluation. Adding one is one class here (the examples it builds use the shapes in data.py)."""
+is scored at evaluation. Adding one is one class here (it builds examples with a Builder, data.ExampleBuilder, in
+the shapes of `example`)."""
 
 from __future__ import annotations
 
 import math
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
+
+from transformers import PreTrainedTokenizerBase
 
 from ..metrics import answer_correct, bleu, rouge
 from ..prompts import QA_PROMPT, SUMMARY_PROMPT, render_instruction
-from ..resolution import words
-
-if TYPE_CHECKING:
-    from .config import Source
-    from .data import ExampleBuilder
+from ..text import words
+from .sources import Lengths, Source
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,24 @@ class Parts:
 
 
 FULL_CONTEXT_PARTS = Parts(encoder=False, decoder=True, scorer=False, soft_prompt=False)  # the uncompressed reference
+
+
+class Builder(Protocol):
+    """What an objective builds a source's examples with (data.ExampleBuilder)."""
+
+    source: Source
+    lengths: Lengths
+    tok: PreTrainedTokenizerBase
+    opening: list[int]  # the document opening (NuggetModel.document_opening)
+    eos: list[int]
+
+    def ids(self, text: str) -> list[int]: ...
+
+    def state_positions(self, document_lengths: list[int], readings: list[float] | None = None) -> int: ...
+
+    def task(self, documents: list[str], instruction: str, answer: str, references: list[str],
+             extractive: bool = False, readings: list[float] | None = None,
+             teacher_documents: list[str] | None = None) -> dict: ...
 
 
 class Objective:
@@ -45,12 +63,12 @@ class Objective:
         """Record fields it needs, each as the names that may hold it."""
         return [(source.text_field,)]
 
-    def positions(self, builder: ExampleBuilder) -> int:
+    def positions(self, builder: Builder) -> int:
         """Decoder positions an example may take (nuggets and tokens, without the prompt opening)."""
         L = builder.lengths
         return builder.state_positions([L.document]) + L.answer + 64
 
-    def build(self, builder: ExampleBuilder, row: dict, rows: list[dict], rng: random.Random) -> list[dict]:
+    def build(self, builder: Builder, row: dict, rows: list[dict], rng: random.Random) -> list[dict]:
         raise NotImplementedError
 
     def score(self, outputs: list[str], references: list[list[str]]) -> dict[str, float]:
@@ -74,6 +92,16 @@ def register(name: str):
     return wrap
 
 
+def check_source(source: Source) -> None:
+    """Refuse a source whose objective is not registered, or full_context where the objective has no reference."""
+    if source.objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {source.objective!r}; registered: {', '.join(OBJECTIVES)}")
+    if source.full_context and not OBJECTIVES[source.objective].full_context:
+        applies = [name for name, objective in OBJECTIVES.items() if objective.full_context]
+        raise ValueError(f"source {source.path}: full_context applies to {' and '.join(applies)}, "
+                         f"not {source.objective}")
+
+
 def parts_of(source: Source) -> Parts:
     return FULL_CONTEXT_PARTS if source.full_context else OBJECTIVES[source.objective].parts
 
@@ -86,7 +114,7 @@ class Autoencoding(Objective):
     soft_prompt = True
     generate_tokens = 0  # the reference's length
 
-    def positions(self, builder: ExampleBuilder) -> int:
+    def positions(self, builder: Builder) -> int:
         size = builder.lengths.autoencoding
         return builder.state_positions([size]) + 1 + size + len(builder.eos)
 
@@ -109,7 +137,7 @@ class Continuation(Objective):
 
     parts = Parts(encoder=True, decoder=False, scorer=True, soft_prompt=False)
 
-    def positions(self, builder: ExampleBuilder) -> int:
+    def positions(self, builder: Builder) -> int:
         L = builder.lengths
         pieces = cut(list(range(L.document)), builder.source.documents_per_example)
         return builder.state_positions([len(piece) for piece in pieces]) + L.query + L.answer
@@ -139,7 +167,7 @@ class LanguageModeling(Objective):
     parts = Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False)
     autoregressive = True
 
-    def positions(self, builder: ExampleBuilder) -> int:
+    def positions(self, builder: Builder) -> int:
         return 0  # the stream keeps its own positions inside the model's
 
     def build(self, builder, row, rows, rng):
@@ -149,7 +177,7 @@ class LanguageModeling(Objective):
 
 
 class PromptedTask(Objective):
-    """Documents, an instruction in NuggetLLM's prompt, and a target answer (`ExampleBuilder.task`): everything the
+    """Documents, an instruction in NuggetLLM's prompt, and a target answer (`Builder.task`): everything the
     task reads trains, and the uncompressed reference (full_context) applies."""
 
     parts = Parts(encoder=True, decoder=True, scorer=True, soft_prompt=False)

@@ -28,12 +28,13 @@ from ..files import write_atomic
 from ..generation import GenerationSettings, generate
 from ..model import NuggetModel
 from . import checkpoint
-from .config import Source, TrainConfig
+from .config import TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
 from .distill import Teacher
 from .flops import peak_flops
 from .loss import ObjectiveLoss, compress_batch
 from .objectives import OBJECTIVES
+from .sources import Source
 from .warm_start import warm_start_scorer
 
 log = logging.getLogger(__name__)
