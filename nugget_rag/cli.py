@@ -64,6 +64,12 @@ def ray_model_loader(args: argparse.Namespace) -> Callable[[], NuggetModel]:
     return ModelLoader(checkpoint=args.checkpoint, base_model=args.base_model)
 
 
+def add_text_states_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text-states", action="store_true",
+                        help="also store each chunk as the frozen model reads its text, so that no question waits "
+                             "for the passage it reads whole (about twice the store's bytes)")
+
+
 def set_decoder_weights(compressor: NuggetCompressor, args: argparse.Namespace) -> None:
     """--weights: how the decoder's passes run (int8: faster on a CPU)."""
     try:
@@ -99,6 +105,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                             f"ingest into a new --index directory to use r = {args.ratio}")
         args.ratio = manifest.get("ratio")
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+    compressor.text_states = args.text_states
+    written = compressor.store.stats["bytes_written"]
     options = {"show_progress": not args.quiet}
     if args.chunk_tokens is not None:
         options["chunk_tokens"] = args.chunk_tokens
@@ -123,6 +131,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     print(f"Ingested {stats['documents']} documents as {stats['chunks']} chunks ({added} new, "
           f"{stats['skipped']} already indexed){rate} {where}into {args.index}: {len(index)} chunks in all, "
           f"nuggets in {nuggets}")
+    written = compressor.store.stats["bytes_written"] - written
+    if written and "workers" not in stats:  # Ray workers write from their own processes
+        text = "with" if args.text_states else "without"
+        print(f"Stored {written / 2**20:.1f} MiB, {written / max(stats['tokens'], 1):,.0f} bytes a token: nuggets "
+              f"kept down to r = {compressor.keep_ratio:g}, {text} text states ({compressor.kv_format})")
     return 0
 
 
@@ -211,6 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     args.ratio = (read_manifest(args.index) or {}).get("ratio")
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+    compressor.text_states = args.text_states
     set_decoder_weights(compressor, args)
     index = NuggetIndex.open(args.index, compressor, load_embeddings(args))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
@@ -304,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--chunk-tokens", type=positive_int, metavar="N", help="tokens per chunk (default 384)")
     ingest.add_argument("--chunk-overlap", type=int, metavar="N", help="tokens shared by neighbours (default 32)")
     ingest.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_text_states_option(ingest)
     ingest.add_argument("--ray", nargs="?", const="local", type=ray_address, metavar="ADDRESS",
                         help="compress on a Ray cluster (the [ray] extra): 'auto', HOST:PORT or ray://HOST:PORT; "
                              "without ADDRESS a local one. Write it after the PATHs, or as --ray=ADDRESS")
@@ -335,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="A long-running server that keeps the model, index and store warm "
                                             "(nugget_rag/server.py lists its endpoints).")
     serve.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory (created if new)")
+    add_text_states_option(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=positive_int, default=8000)
     serve.add_argument("--max-batch", type=positive_int, default=8, metavar="N",

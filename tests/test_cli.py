@@ -68,6 +68,21 @@ def test_ingest_folder_and_jsonl(capsys, corpus, tmp_path):
     assert json.loads((index_dir / "index.json").read_text())["count"] == manifest["count"]
 
 
+def test_ingest_with_text_states_stores_them_and_prints_what_they_cost(capsys, corpus, tmp_path):
+    folder, jsonl = corpus
+    sizes = {}
+    for text_states in (False, True):
+        index_dir = tmp_path / f"index-{text_states}"
+        flags = ["--text-states"] if text_states else []
+        assert cli.main(["ingest", str(folder), str(jsonl), "--index", str(index_dir), "-q", *flags]) == 0
+        out = capsys.readouterr().out
+        stored = sum(p.stat().st_size for p in (index_dir / "nuggets").rglob("*") if p.is_file())
+        assert f"Stored {stored / 2**20:.1f} MiB" in out and "kept down to r = 1" in out
+        assert ("with text states" if text_states else "without text states") in out
+        sizes[text_states] = stored
+    assert sizes[True] > 1.5 * sizes[False]  # a text state beside each chunk's nuggets
+
+
 def test_ask_streams_an_answer_and_lists_sources(capsys, corpus, tmp_path, tiny_model):
     index_dir = tmp_path / "index"
     ingest(capsys, corpus, index_dir)

@@ -41,13 +41,15 @@ def temp_files(directory: Path) -> list[Path]:
 
 def test_round_trip_through_directory(tmp_path):
     state = make_state()
-    key = NuggetStore(directory=tmp_path).put("doc", state)
+    writer = NuggetStore(directory=tmp_path)
+    key = writer.put("doc", state)
     assert entry_path(tmp_path, key).is_file()
+    assert writer.stats["writes"] == 1 and writer.stats["bytes_written"] == entry_path(tmp_path, key).stat().st_size
 
     fresh = NuggetStore(directory=tmp_path)
     assert_same(fresh.get("doc", "fp"), state)
     assert_same(fresh.get("doc", "fp"), state)
-    assert fresh.stats == {"memory_hits": 1, "store_hits": 1, "misses": 0, "corrupt": 0, "writes": 0}
+    assert fresh.stats == {"memory_hits": 1, "store_hits": 1, "misses": 0, "corrupt": 0, "writes": 0, "bytes_written": 0}
     assert_same(NuggetStore(directory=tmp_path).get_by_key(key), state)
 
 
@@ -83,7 +85,7 @@ def test_memory_only_store_keeps_detached_cpu_copy():
     cached = store.get("doc", "fp")
     assert not cached.scores.requires_grad
     assert torch.equal(cached.keys, make_state().keys)
-    assert store.stats == {"memory_hits": 1, "store_hits": 0, "misses": 0, "corrupt": 0, "writes": 0}
+    assert store.stats == {"memory_hits": 1, "store_hits": 0, "misses": 0, "corrupt": 0, "writes": 0, "bytes_written": 0}
 
 
 def _flip_middle(path: Path) -> None:
