@@ -198,3 +198,31 @@ def test_serve_answers_over_http_and_ask_url_streams_it(tmp_path):
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_the_readme_example_runs_with_no_shared_data_beside_it(tmp_path, monkeypatch, capsys):
+    """`python examples/qa_over_folder.py` on a fresh clone: its default corpus ships with Python, so it neither
+    reads nor needs ../shared (any open of a path there fails the test)."""
+    import builtins
+    import io
+    import runpy
+    import sys
+    from pathlib import Path
+
+    real_open = builtins.open
+
+    def guarded_open(file, *args, **kwargs):
+        assert "shared" not in Path(str(file)).resolve().parts, f"the example opened {file}"
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded_open)
+    monkeypatch.setattr(io, "open", guarded_open)  # what Path.open calls
+    example = Path(__file__).resolve().parent.parent / "examples" / "qa_over_folder.py"
+    monkeypatch.setattr(sys, "argv", [str(example), "--index", str(tmp_path / "index"), "--docs", "3",
+                                      "--max-new-tokens", "12", "-q", "What does the pass statement do?"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(example), run_name="__main__")
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "3 documents ->" in out and "Q: What does the pass statement do?" in out
+    assert "pydoc_data.topics['pass']" in out and "read whole as text" in out
