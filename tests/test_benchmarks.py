@@ -157,3 +157,28 @@ def test_the_bundle_carries_every_module_the_gpu_scripts_import():
     retrieval = set(bundle.requirements(("train", "eval", "retrieval"))) | {bundle.RETRIEVAL_WHEEL}
     assert bundle.uncovered([m.split(".")[0] for m in bundle.RETRIEVAL_MODULES], retrieval, bundle.IMAGE_HAS) == []
     assert bundle.uncovered(["faiss"], carried, bundle.IMAGE_HAS) == ["faiss-cpu"]  # only --retrieval carries it
+
+
+def test_paired_bleu_pairs_the_same_passage_at_the_same_ratio(tmp_path, capsys, monkeypatch):
+    paired = load_script("paired_bleu")
+    ref = "the quick brown fox jumps over the lazy dog again and again"
+
+    def write(name, outputs):
+        rows = [{"task": "autoencoding", "ratio": r, "id": i, "output": o, "references": [ref]}
+                for (r, i), o in outputs.items()]
+        (tmp_path / name).write_text("\n".join(json.dumps(row) for row in rows))
+        return str(tmp_path / name)
+    before = write("before.jsonl", {(10.0, "a"): "the", (10.0, "b"): "fox", (2.0, "a"): ref})
+    after = write("after.jsonl", {(10.0, "a"): ref, (10.0, "b"): "fox", (1.0, "a"): ref})
+    monkeypatch.setattr(sys, "argv", ["paired_bleu.py", before, after])
+    assert paired.main() == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and lines[2].startswith("| 10 | 2 |")  # r = 2 and r = 1 have no pair
+    assert "+50.0 ± 50.0" in lines[2]  # one passage from 0 to 100 sentence BLEU, the other unchanged
+
+
+def test_reading_plan_cuts_at_the_first_stop_and_reads_the_probes_margin():
+    plan = load_script("reading_plan")
+    assert plan.cut("Paris.\n\nIt is big.", ["\n\n"]) == "Paris." and plan.cut("Paris.", ["\n"]) == "Paris."
+    assert plan.margin({"info": {"relevance": [-3.0, -1.0, -1.5]}}) == pytest.approx(0.5)
+    assert plan.margin({"info": {"relevance": [-2.0]}}) == float("inf")

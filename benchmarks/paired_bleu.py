@@ -1,0 +1,49 @@
+"""Two checkpoints' autoencoding on the same passages, side by side: corpus BLEU of each and the paired difference
+of sentence BLEU (mean ± standard error), per ratio, from two `nugget-rag eval` predictions files.
+
+    nugget-rag eval --tasks autoencoding --data autoencoding=../corpus/dev.jsonl --systems nugget --ratios 1 2 10 \
+        --split dev --limit 30 --sample random --task-limit autoencoding=30 --ae-lengths 100 --name before [--checkpoint ...]
+    (the same with --name after --checkpoint CANDIDATE)
+    python benchmarks/paired_bleu.py runs/before-predictions.jsonl runs/after-predictions.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import sacrebleu
+
+
+def load(path: Path) -> dict[tuple[float, str], dict]:
+    """(ratio, example id) -> the autoencoding prediction."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {(r["ratio"], r["id"]): r for r in rows if r["task"] == "autoencoding"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before", type=Path)
+    parser.add_argument("after", type=Path)
+    args = parser.parse_args()
+    before, after = load(args.before), load(args.after)
+    shared = sorted(set(before) & set(after))
+    if not shared:
+        raise SystemExit(f"{args.before.name} and {args.after.name} share no (ratio, passage): score the same passages")
+    print(f"| r | passages | {args.before.stem} | {args.after.stem} | paired (sentence BLEU) |\n|---|---|---|---|---|")
+    for ratio in sorted({r for r, _ in shared}):
+        keys = [k for k in shared if k[0] == ratio]
+        refs = [before[k]["references"][0] for k in keys]
+        corpus = [sacrebleu.corpus_bleu([p[k]["output"] for k in keys], [refs]).score for p in (before, after)]
+        diff = [sacrebleu.sentence_bleu(after[k]["output"], [ref]).score
+                - sacrebleu.sentence_bleu(before[k]["output"], [ref]).score for k, ref in zip(keys, refs)]
+        mean = sum(diff) / len(diff)
+        se = math.sqrt(sum((d - mean) ** 2 for d in diff) / max(len(diff) - 1, 1) / len(diff))
+        print(f"| {ratio:g} | {len(keys)} | {corpus[0]:.1f} | {corpus[1]:.1f} | {mean:+.1f} ± {se:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
