@@ -303,6 +303,17 @@ def test_resume_keeps_matching_cells_and_merges_other_tasks(model, data_dir, tmp
     assert [(r["system"], r["status"]) for r in partial["results"]] == [("full", "ok")]
 
 
+def test_qa_prompt_is_the_instruction_of_every_qa_task(model, data_dir):
+    prompt = "Answer in a few words: {question}"
+    for name in ("squad", "squad_rag"):
+        default = load_task(name, config(data_dir, None, limit=2), model)
+        asked = load_task(name, config(data_dir, None, limit=2, qa_prompt=prompt), model)
+        for before, after in zip(default.examples, asked.examples):
+            assert after.query.instruction == prompt.format(question=before.query.question) != before.query.instruction
+    with pytest.raises(ValueError, match="no {question} placeholder"):
+        config(data_dir, None, qa_prompt="Answer briefly.")
+
+
 def test_task_limits_override_the_global_limit(model, data_dir):
     cfg = config(data_dir, None, limit=1, task_limits={"cnndm": 2})
     assert len(load_task("cnndm", cfg, model).examples) == 2 and len(load_task("squad", cfg, model).examples) == 1

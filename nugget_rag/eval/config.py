@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config import Decoding, MergedFormat
+from ..prompts import QA_PROMPT, check_template, takes_question
 
 TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa", "long_cnndm", "squad_rag", "hotpotqa_rag")
 DEFAULT_FILES = {
@@ -80,6 +81,7 @@ class EvalConfig(BaseModel):
     threads: int | None = Field(None, ge=1)
     batch_size: int = Field(4, ge=1)
     qa_max_new_tokens: int = Field(64, ge=1, description="Paper App. E: at most 64 new tokens.")
+    qa_prompt: str = Field(QA_PROMPT, description="QA instruction with a {question} placeholder (paper App. D).")
     summary_max_new_tokens: int = Field(128, ge=1)
     rag_passages: int = Field(4, ge=1, description="squad_rag: passages per question, the gold one and the "
                               "same-article paragraphs all-MiniLM-L6-v2 ranks closest to the question.")
@@ -103,6 +105,13 @@ class EvalConfig(BaseModel):
         "Keep the results already in out_dir/name.json whose task setup (data, split, examples, checkpoints, "
         "dtype, generation settings) equals this run's, and compute only the missing (task, system, ratio) cells."))
     command: str = ""
+
+    @field_validator("qa_prompt")
+    @classmethod
+    def _check_qa_prompt(cls, value: str) -> str:
+        if not takes_question(check_template(value)):
+            raise ValueError(f"qa_prompt {value!r} has no {{question}} placeholder: the question would be dropped")
+        return value
 
     @field_validator("ratios")
     @classmethod

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..checkpoint_files import DEFAULT_CHECKPOINT, WEIGHTS_FILE, default_checkpoint_for
 from ..files import write_atomic
+from ..prompts import QA_PROMPT
 from .config import EvalConfig
 from .tasks import TaskData
 
@@ -57,6 +58,8 @@ def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
         setup["weights"] = model.merged_format
     if task.kind == "qa":
         setup["max_new_tokens"] = cfg.qa_max_new_tokens
+        if cfg.qa_prompt != QA_PROMPT:
+            setup["qa_prompt"] = cfg.qa_prompt
     elif task.kind == "summarization":
         setup["max_new_tokens"] = cfg.summary_max_new_tokens
         if task.name == "long_cnndm":

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from ..corpora import DataError, read_documents, read_hotpotqa, read_squad, read_summarization
 from ..metrics import answer_correct, bleu, rouge
-from ..prompts import QA_PROMPT, SUMMARY_PROMPT, chat_token_ids, full_context_messages
+from ..prompts import SUMMARY_PROMPT, chat_token_ids, full_context_messages, render_instruction
 from .config import EvalConfig
 from .rag import retrieved
 from .systems.base import Query
@@ -135,7 +135,7 @@ def load_task(name: str, cfg: EvalConfig, model) -> TaskData:
                 col.skip("no gold answer")
                 continue
             docs = [rec["context"]] if name == "squad" else list(rec["documents"])
-            query = Query("qa", docs, [_ids(tok, d) for d in docs], QA_PROMPT.format(question=rec["question"]),
+            query = Query("qa", docs, [_ids(tok, d) for d in docs], render_instruction(cfg.qa_prompt, rec["question"]),
                           max_new_tokens=cfg.qa_max_new_tokens, question=rec["question"], gold=rec.get("gold", []))
             col.offer(Example(rec["id"], query, answers))
     elif name == "cnndm":
