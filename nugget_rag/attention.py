@@ -69,14 +69,22 @@ class ReadNuggets:
         self.keys, self.values = keys, values
         self.mask = self._build_mask(nugget_bias, token_mask, query_len, keys.dtype)
 
-    def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor, query_len: int):
-        key = torch.cat([self.keys[layer].to(key.dtype), key], dim=2)
-        value = torch.cat([self.values[layer].to(value.dtype), value], dim=2)
+    def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor, query_len: int,
+               states: tuple[torch.Tensor, torch.Tensor] | None = None):
+        nugget_keys, nugget_values = self.layer_states(layer) if states is None else states
+        key = torch.cat([nugget_keys.to(key.dtype), key], dim=2)
+        value = torch.cat([nugget_values.to(value.dtype), value], dim=2)
         return key, value, self.mask.to(key.dtype)
 
+    def layer_states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The nugget keys and values that layer `layer`'s tokens read ([batch, kv_heads, K, head_dim] each)."""
+        return self.keys[layer], self.values[layer]
+
     def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
-               dropout: float) -> torch.Tensor:
-        key, value, mask = self.extend(layer, key, value, query.shape[2])
+               dropout: float, states: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Attention of the tokens being run over the nuggets (`states`, default `layer_states(layer)`) and
+        themselves."""
+        key, value, mask = self.extend(layer, key, value, query.shape[2], states)
         return _sdpa(query, key, value, mask, scale, dropout)
 
     @staticmethod
@@ -101,9 +109,10 @@ class ReadAndRecord(ReadNuggets):
         super().__init__(*args, **kwargs)
         self.recorded = CaptureNuggets(torch.zeros(0))
 
-    def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor, query_len: int):
+    def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor, query_len: int,
+               states: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.recorded.keys[layer], self.recorded.values[layer] = key, value  # assignment: replays overwrite
-        return super().extend(layer, key, value, query_len)
+        return super().extend(layer, key, value, query_len, states)
 
 
 class BiasChannelNuggets(ReadNuggets):
@@ -141,15 +150,16 @@ class BiasChannelNuggets(ReadNuggets):
         return query_len == token_mask.shape[1] and bool((token_mask[:, 1:] <= token_mask[:, :-1]).all())
 
     def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
-               dropout: float) -> torch.Tensor:
+               dropout: float, states: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         # One dtype for all three: under autocast RoPE's float32 cos/sin leave q and k float32 while v is already in
         # the autocast dtype, and the `CausalBias` dispatch checks dtypes before autocast casts anything.
         dtype = torch.get_autocast_dtype(query.device.type) if torch.is_autocast_enabled(query.device.type) else value.dtype
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-        nugget_keys = self.keys[layer].to(dtype)
+        nugget_keys, nugget_values = self.layer_states(layer) if states is None else states
+        nugget_keys = nugget_keys.to(dtype)
         bias = self.channel.to(dtype).expand(-1, nugget_keys.shape[1], -1, -1)
         key = torch.cat([torch.cat([nugget_keys, bias], dim=-1), F.pad(key, (0, 1))], dim=2)
-        value = F.pad(torch.cat([self.values[layer].to(value.dtype), value], dim=2), (0, 1))
+        value = F.pad(torch.cat([nugget_values.to(value.dtype), value], dim=2), (0, 1))
         query = torch.cat([query, query.new_full((*query.shape[:-1], 1), 1 / scale)], dim=-1)
         groups = query.shape[1] // key.shape[1]
         if groups > 1 and query.device.type == "cuda" and not flash_takes_groups(query, key, value):

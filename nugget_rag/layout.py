@@ -23,9 +23,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from .attention import BiasChannelNuggets, ReadNuggets, rotate_keys
+from .prefix_rows import PrefixRows, ReadWithPrefixRows
 from .prompts import chat_text, chat_token_ids
 from .state import NuggetState
 
@@ -137,12 +139,24 @@ class NuggetLayout:
     bias: torch.Tensor  # [batch, K]: straight-through term (paper Eq. 18), -inf on padding
     counts: torch.Tensor  # [batch]: real nuggets per sample
     next_positions: torch.Tensor  # [batch]: the position of each sample's first token after its states
+    rows: PrefixRows | None = None  # prompt prefixes that run as rows of the reading pass (their heads: placeholders)
 
-    def reader(self, token_mask: torch.Tensor, query_len: int, fused: bool = False) -> ReadNuggets:
+    def reader(self, token_mask: torch.Tensor, query_len: int,
+               fused: bool = False) -> ReadNuggets | ReadWithPrefixRows:
         """What the decoder's `query_len` last tokens of `token_mask` attend to the nuggets through: without a float
-        mask when `fused` and the tokens allow it (`BiasChannelNuggets.fits`), else under one."""
+        mask when `fused` and the tokens allow it (`BiasChannelNuggets.fits`), else under one; with `rows`, inside
+        a reader that runs them (`inputs` puts them in the pass)."""
         fits = fused and BiasChannelNuggets.fits(token_mask, query_len)
-        return (BiasChannelNuggets if fits else ReadNuggets)(self.keys, self.values, self.bias, token_mask, query_len)
+        inner = (BiasChannelNuggets if fits else ReadNuggets)(self.keys, self.values, self.bias, token_mask, query_len)
+        return inner if self.rows is None else ReadWithPrefixRows(inner, self.rows)
+
+    def inputs(self, embeds: torch.Tensor, token_mask: torch.Tensor,
+               embedding: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A decoder pass over right-padded `embeds` (with their `token_mask`) read after these states: its input
+        embeddings, the token mask to build `reader` with, and the position ids; with `rows`, the prompt prefixes'
+        rows follow the samples' (PrefixRows.inputs), and the pass's first `len(embeds)` rows are the samples'."""
+        steps = decoder_positions(self.next_positions, token_mask)
+        return (embeds, token_mask, steps) if self.rows is None else self.rows.inputs(embeds, token_mask, steps, embedding)
 
 
 def no_states(config, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -152,11 +166,12 @@ def no_states(config, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 def compose(samples: Sequence[Sequence[NuggetState]], empty: torch.Tensor, inv_freq: torch.Tensor,
-            nugget_positions: str = "renumbered") -> NuggetLayout:
+            nugget_positions: str = "renumbered", rows: PrefixRows | None = None) -> NuggetLayout:
     """Each sample's states (prompt prefix first, then documents) concatenated in order, at positions 0, 1, ...
     (renumbered) or each at its place in its document, the documents end to end (original).
 
-    `empty`: `no_states` of the decoder's dtype and device, which every state is cast to.
+    `empty`: `no_states` of the decoder's dtype and device, which every state is cast to. `rows`: the prompt
+    prefixes whose heads are placeholders, to run in the reading pass (NuggetLayout.rows).
     On every nugget the attention bias is `s - s.detach()` of its Scorer score: zero forward, and the gradient of
     each attention logit on it, in every layer and head, reaches the Scorer.
     """
@@ -187,6 +202,7 @@ def compose(samples: Sequence[Sequence[NuggetState]], empty: torch.Tensor, inv_f
         bias=torch.stack([F.pad(b, (0, width - len(b)), value=float("-inf")) for b in biases]),
         counts=torch.tensor([len(d) for d in shifts], device=empty.device),
         next_positions=torch.tensor(nexts, device=empty.device),
+        rows=rows,
     )
 
 

@@ -27,7 +27,8 @@ from .identity import Identity, base_digest
 from .int8 import check_int8_support
 from .layout import NuggetLayout
 from .persistence import Persistence
-from .prefix_cache import Prefix, PrefixCache
+from .prefix_cache import PrefixCache, PromptPrefixes
+from .prefix_rows import PrefixRows
 from .scorer import Scorer, rank_nuggets, select_nuggets
 from .state import NuggetState
 
@@ -43,7 +44,7 @@ class DecoderOutput:
     target_logits: torch.Tensor | None = None
 
 
-class NuggetModel(Identity, Persistence, nn.Module):
+class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
     """Dodo as a context compressor (paper Sec. 2.3) on a Hugging Face LLaMA model."""
 
     def __init__(self, base: BaseLM, config: NuggetConfig | None = None):
@@ -258,41 +259,24 @@ class NuggetModel(Identity, Persistence, nn.Module):
         """The decoder's token ids before and after the nuggets, for a chat whose last user turn asks about them."""
         return positions.prompt_around_documents(self.tokenizer, messages, self.config.placement == "in_user_turn")
 
-    def prefix_states(self, prefixes: Sequence[Sequence[int]],
-                      adapter: str | None = DECODER) -> list[NuggetState | None]:
-        """Each prompt prefix's key/value states in every layer (positions 0..h-1; None for an empty one): under
-        autograd with the adapter's gradient, else kept (PrefixCache) until the adapter's weights change."""
-        stamp = self.weights_stamp(adapter) if not torch.is_grad_enabled() else None
-        return self.prefix_cache.states(prefixes, stamp, lambda unique: self.run_prefixes(unique, adapter))
-
-    def run_prefixes(self, unique: list[Prefix], adapter: str | None) -> dict[Prefix, NuggetState]:
-        """The states of distinct prompt prefixes, computed in one batch."""
-        input_ids, _ = self.pad(unique)
-        lengths = [len(u) for u in unique]
-        steps = torch.arange(max(lengths), device=self.device)
-        capture = CaptureNuggets(torch.stack([steps.clamp(max=n - 1) for n in lengths]))
-        self.run(adapter, capture, input_ids=input_ids)
-        keys, values = capture.stacked()
-        return {u: NuggetState(keys[:, b, :, :n], values[:, b, :, :n], steps[:n], torch.zeros(n, device=self.device),
-                               self.tokenizer.convert_ids_to_tokens(list(u)), n, self.state_tag("prompt-prefix"))
-                for b, (u, n) in enumerate(zip(unique, lengths))}
-
     def layout(self, samples: Sequence[Sequence[NuggetState]], prefixes: Sequence[Sequence[int] | None] | None = None,
-               adapter: str | None = DECODER) -> NuggetLayout:
+               adapter: str | None = DECODER, in_pass: bool = False) -> NuggetLayout:
         """Each sample's prompt prefix and documents composed in order at positions 0, 1, ... (layout.compose).
 
         A prefix of None (the default) is the document opening for a sample with documents, else nothing. States
-        made by another base model are refused.
+        made by another base model are refused. `in_pass`: the prefixes run as rows of the pass that reads the layout
+        (NuggetLayout.inputs; prefix_rows.py), not in a pass of their own.
         """
         prefixes = [None] * len(samples) if prefixes is None else prefixes
         if len(prefixes) != len(samples):
             raise ValueError(f"got {len(prefixes)} prompt prefixes for {len(samples)} samples")
         self.check_origin(state for docs in samples for state in docs)
         wanted = [(self.document_opening if docs else []) if p is None else p for p, docs in zip(prefixes, samples)]
-        heads = self.prefix_states(wanted, adapter)
-        samples = [docs if head is None else [head, *docs] for head, docs in zip(heads, samples)]
         empty = positions.no_states(self.llama.config, self.dtype, self.device)
-        return positions.compose(samples, empty, self.inv_freq, self.config.nugget_positions)
+        rows = PrefixRows.of(wanted, self.tokenizer.pad_token_id, self.device) if in_pass else None
+        heads = rows.placeholders(wanted, empty) if rows else self.prefix_states(wanted, adapter)
+        samples = [docs if head is None else [head, *docs] for head, docs in zip(heads, samples)]
+        return positions.compose(samples, empty, self.inv_freq, self.config.nugget_positions, rows)
 
     def embed(self, input_ids: torch.Tensor, token_mask: torch.Tensor, soft_prompt: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Token embeddings, with the soft prompt put before each row's first real token when asked."""
@@ -320,13 +304,16 @@ class NuggetModel(Identity, Persistence, nn.Module):
         `logit_labels` (default: `labels`), which then must cover every label; the loss stays on `labels`.
         """
         token_mask = torch.ones_like(input_ids, dtype=torch.bool) if token_mask is None else token_mask.bool()
-        layout = self.layout(samples, prefixes, adapter)
+        # under autograd no prefix state is kept: the prefixes run as rows of this pass rather than in one of their own
+        layout = self.layout(samples, prefixes, adapter, in_pass=torch.is_grad_enabled())
         embeds, full_mask = self.embed(input_ids, token_mask, soft_prompt)
-        self.check_positions(int(layout.next_positions.max()), embeds.shape[1])
+        width = embeds.shape[1]
+        self.check_positions(int(layout.next_positions.max()), width)
         fused = self.attention == "fused" or (self.attention == "auto" and embeds.device.type == "cuda")
+        embeds, full_mask, steps = layout.inputs(embeds, full_mask, self.llama.get_input_embeddings())
         hidden = self.run(adapter, layout.reader(full_mask, embeds.shape[1], fused), inputs_embeds=embeds,
-                          position_ids=positions.decoder_positions(layout.next_positions, full_mask))
-        extra = embeds.shape[1] - input_ids.shape[1]
+                          position_ids=steps)[: len(samples), :width]
+        extra = width - input_ids.shape[1]
         logits = self.logits(hidden[:, extra:]) if return_logits else None
         loss = target_logits = None
         if labels is not None:

@@ -6,6 +6,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+import torch
+
+from .attention import CaptureNuggets
+from .config import DECODER
 from .state import NuggetState
 
 Prefix = tuple[int, ...]
@@ -39,3 +43,34 @@ class PrefixCache:
                 while len(self._states) > self.size:
                     self._states.popitem(last=False)
         return [found[tuple(p)] if len(p) else None for p in prefixes]
+
+
+class PromptPrefixes:
+    """NuggetModel's prompt-prefix states, as a mixin: NuggetModel sets the attributes below."""
+
+    prefix_cache: PrefixCache
+    tokenizer: object
+    device: torch.device
+    pad: Callable[[Sequence[Sequence[int]]], tuple[torch.Tensor, torch.Tensor]]
+    run: Callable[..., torch.Tensor]
+    weights_stamp: Callable[[str | None], tuple]
+    state_tag: Callable[[str], str]
+
+    def prefix_states(self, prefixes: Sequence[Sequence[int]],
+                      adapter: str | None = DECODER) -> list[NuggetState | None]:
+        """Each prompt prefix's key/value states in every layer (positions 0..h-1; None for an empty one): under
+        autograd with the adapter's gradient, else kept (PrefixCache) until the adapter's weights change."""
+        stamp = self.weights_stamp(adapter) if not torch.is_grad_enabled() else None
+        return self.prefix_cache.states(prefixes, stamp, lambda unique: self.run_prefixes(unique, adapter))
+
+    def run_prefixes(self, unique: list[Prefix], adapter: str | None) -> dict[Prefix, NuggetState]:
+        """The states of distinct prompt prefixes, computed in one batch."""
+        input_ids, _ = self.pad(unique)
+        lengths = [len(u) for u in unique]
+        steps = torch.arange(max(lengths), device=self.device)
+        capture = CaptureNuggets(torch.stack([steps.clamp(max=n - 1) for n in lengths]))
+        self.run(adapter, capture, input_ids=input_ids)
+        keys, values = capture.stacked()
+        return {u: NuggetState(keys[:, b, :, :n], values[:, b, :, :n], steps[:n], torch.zeros(n, device=self.device),
+                               self.tokenizer.convert_ids_to_tokens(list(u)), n, self.state_tag("prompt-prefix"))
+                for b, (u, n) in enumerate(zip(unique, lengths))}

@@ -634,3 +634,97 @@ def test_the_pretraining_stage_trains_two_steps_on_the_tiny_model(tmp_path):
     assert any(name.startswith("scorer.") for name in moved) and any("lora_" in name for name in moved), moved
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("autoencoding:python-3.11-docs/bleu" in line for line in lines if line["kind"] == "eval")
+
+
+def perturbed(model: NuggetModel) -> NuggetModel:
+    """The model with random LoRA B matrices, so that both adapters change what they compute."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.peft.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    return model
+
+
+def own_prefix_pass(monkeypatch) -> None:
+    """Make the decoder run its prompt prefixes in a pass of their own, as it did before prefix_rows.py."""
+    layout = NuggetModel.layout
+    monkeypatch.setattr(NuggetModel, "layout", lambda self, *args, in_pass=False, **kwargs: layout(self, *args, **kwargs))
+
+
+@pytest.mark.parametrize("settings", [{}, {"attention": "fused"}, {"gradient_checkpointing": True}],
+                         ids=["reference", "fused", "checkpointed"])
+def test_the_prompt_prefix_as_rows_of_the_decoders_pass_gives_its_own_passs_loss_and_gradients(
+        settings, data, tmp_path, monkeypatch):
+    """Under autograd each distinct prompt prefix runs as one row of the decoder's pass (prefix_rows.py) rather than
+    in a pass of its own: the same loss and gradients for a distilled QA micro-batch (the prefix: the chat template's
+    opening), with both attention paths and gradient checkpointing."""
+    results = {}
+    for arm in ("rows", "own_pass"):
+        if arm == "own_pass":
+            own_prefix_pass(monkeypatch)
+        trainer = Trainer(config(tmp_path / arm, [source("qa", data)], batch_size=3, distill={"weight": 0.5},
+                                 **settings), perturbed(tiny_model()))
+        trainer.model.train()
+        batch = trainer.mixture.next_batch()
+        assert all(batch.prefixes) and len({tuple(p) for p in batch.prefixes}) == 1
+        results[arm] = trainer._backward([batch])[0][0], gradients(trainer.model)
+    (rows_loss, rows), (own_loss, own) = results["rows"], results["own_pass"]
+    assert rows_loss == pytest.approx(own_loss, rel=1e-6)
+    assert own and rows.keys() == own.keys() and any(f".{DECODER}." in name for name in own)
+    for name in own:
+        torch.testing.assert_close(rows[name], own[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("attention_path", ["reference", "fused"])
+def test_distinct_prompt_prefixes_read_in_the_pass_as_after_their_own_pass(attention_path, monkeypatch):
+    """Samples with different prefixes (one longer than the decoder's tokens, one empty) and a soft prompt: logits,
+    loss and every gradient as with the prefixes run in a pass of their own."""
+    tok, results = tiny_model().tokenizer, {}
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in ("the cat sat on the mat", "dogs ran far", "sky")]
+    opening = tok("<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+    prefixes = [opening, tok("System: be brief and kind.\n", add_special_tokens=False)["input_ids"] + opening, []]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("\n\nWho sat?", "\n\nWho ran?", "\n\nSky?")]
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([p + [tok.pad_token_id] * (width - len(p)) for p in prompts])
+    mask = torch.tensor([[i < len(p) for i in range(width)] for p in prompts])
+    for arm in ("rows", "own_pass"):
+        if arm == "own_pass":
+            own_prefix_pass(monkeypatch)
+        model = perturbed(tiny_model())
+        model.attention = attention_path
+        states = model.compress(ids)
+        out = model.decode([[states[0], states[2]], [states[1]], [states[2]]], input_ids, mask,
+                           labels=input_ids.masked_fill(~mask, -100), soft_prompt=True, prefixes=prefixes)
+        out.loss.backward()
+        results[arm] = out, gradients(model)
+    (rows, rows_grads), (own, own_grads) = results["rows"], results["own_pass"]
+    assert len(prefixes[1]) > width
+    torch.testing.assert_close(rows.logits, own.logits, rtol=1e-5, atol=1e-5)
+    assert float(rows.loss.detach()) == pytest.approx(float(own.loss.detach()), rel=1e-6)
+    assert rows_grads.keys() == own_grads.keys() and "soft_prompt" in own_grads
+    for name in own_grads:
+        torch.testing.assert_close(rows_grads[name], own_grads[name], rtol=1e-5, atol=1e-6)
+
+
+
+def test_a_training_step_runs_no_pass_for_the_prompt_prefix(data, tmp_path, monkeypatch):
+    """The LLaMA's passes in a QA micro-batch: before, three (encoder, the decoder's prompt prefix, decoder); now
+    two, the prefix one row of the decoder's pass."""
+    counted = {}
+    for arm in ("now", "before"):
+        if arm == "before":
+            own_prefix_pass(monkeypatch)
+        trainer = Trainer(config(tmp_path / arm, [source("qa", data)], batch_size=4), tiny_model())
+        passes = []  # (rows, width) of every pass of the inner LLaMA
+        trainer.model.llama.model.register_forward_hook(
+            lambda module, args, kwargs, out: passes.append(tuple(out.last_hidden_state.shape[:2])), with_kwargs=True)
+        trainer.model.train()
+        batch = trainer.mixture.next_batch()
+        trainer._backward([batch])
+        counted[arm] = list(passes)
+    prefix = len(batch.prefixes[0])
+    assert prefix > 0 and all(len(p) == prefix for p in batch.prefixes)
+    (encoder, decoder), (encoder_before, own, decoder_before) = counted["now"], counted["before"]
+    assert encoder == encoder_before and own == (1, prefix)  # the prefix's own pass: one row, dropped
+    assert decoder == (4 + 1, max(decoder_before[1], prefix))  # the samples' rows and one for their shared prefix

@@ -127,13 +127,15 @@ class ObjectiveLoss(nn.Module):
         return (1 - self.distill.weight) * ce + self.distill.weight * kl
 
     def _step_flops(self, batch: Batch, source: Source, states: list[list], targets: int) -> float:
-        """The Scorer's and the encoder's passes over the documents, and the decoder's over its input."""
+        """The Scorer's and the encoder's passes over the documents, and the decoder's over its input (each distinct
+        prompt prefix once: a row of the decoder's pass that the samples' tokens read, as they read the nuggets)."""
         counter, parts = self.counter, parts_of(source)
         opening = len(self.model.document_opening)
         documents = [(opening + len(doc), 0) for docs in ([] if source.full_context else batch.documents) for doc in docs]
         encoder = counter.trained(documents) if parts.encoder else counter.forward(documents)
         scorer = counter.forward(documents, layers=self.model.config.scorer_layer)
         soft = self.model.soft_prompt.shape[0] if OBJECTIVES[source.objective].soft_prompt else 0
-        decoder = [(len(prefix) + soft + int(n), sum(s.k for s in row))
+        decoder = [(soft + int(n), len(prefix) + sum(s.k for s in row))
                    for prefix, n, row in zip(batch.prefixes, batch.token_mask.sum(1), states)]
+        decoder += [(len(prefix), 0) for prefix in dict.fromkeys(map(tuple, batch.prefixes)) if prefix]
         return scorer + encoder + counter.trained(decoder, targets=targets)
