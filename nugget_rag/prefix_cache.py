@@ -59,8 +59,11 @@ class PromptPrefixes:
     def prefix_states(self, prefixes: Sequence[Sequence[int]],
                       adapter: str | None = DECODER) -> list[NuggetState | None]:
         """Each prompt prefix's key/value states in every layer (positions 0..h-1; None for an empty one): under
-        autograd with the adapter's gradient, else kept (PrefixCache) until the adapter's weights change."""
-        stamp = self.weights_stamp(adapter) if not torch.is_grad_enabled() else None
+        autograd with the adapter's gradient, else kept (PrefixCache) until the adapter's weights change (or the
+        autocast dtype they are computed in)."""
+        kind = self.device.type
+        autocast = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+        stamp = (*self.weights_stamp(adapter), autocast) if not torch.is_grad_enabled() else None
         return self.prefix_cache.states(prefixes, stamp, lambda unique: self.run_prefixes(unique, adapter))
 
     def run_prefixes(self, unique: list[Prefix], adapter: str | None) -> dict[Prefix, NuggetState]:

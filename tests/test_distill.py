@@ -189,3 +189,28 @@ def test_distillation_trains_and_logs_both_terms(data, tmp_path):
     evals = [x for x in lines if x["kind"] == "eval"]
     assert "qa:squad/kl" in evals[-1] and "qa:squad/loss" in evals[-1]
     assert read_checkpoint_meta(result.final_dir)["training"]["distill"]["weight"] == 0.5
+
+
+@pytest.mark.parametrize("name", ["qa", "autoencoding"])
+def test_the_teacher_reads_the_kept_prefix_states_with_the_full_texts_logits(name, data, tmp_path, monkeypatch):
+    """The default teacher (the student's base, adapters off) reads each example's prompt prefix as the frozen
+    model's states, computed once and kept from batch to batch, and runs only the documents' and the decoder's
+    tokens: the logits of its pass over the whole text (with a soft prompt too: autoencoding)."""
+    spec = qa_source(data, documents_per_example=2) if name == "qa" else source(name, data)
+    trainer = Trainer(config(tmp_path, [spec], batch_size=3, distill={"weight": 0.5}), tiny_model())
+    teacher, model = trainer.teacher, trainer.model
+    runs = []
+    real = model.run_prefixes
+    monkeypatch.setattr(model, "run_prefixes", lambda unique, adapter: runs.append((len(unique), adapter))
+                        or real(unique, adapter))
+    batches = [first_batch(trainer) for _ in range(2)]
+    soft = name == "autoencoding"
+    kept = [teacher.target_logits(batch, soft) for batch in batches]
+    assert runs == [(1, None)]  # one prefix, by the frozen model, once for both batches
+    prefix = len(batches[-1].prefixes[0])
+    assert prefix > 0 and [read for _, read in teacher.rows] == [prefix] * 3
+    monkeypatch.setattr(Teacher, "keeps_prefixes", lambda self, *args: False)
+    whole = [teacher.target_logits(batch, soft) for batch in batches]
+    assert [read for _, read in teacher.rows] == [0] * 3
+    for got, expected in zip(kept, whole):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

@@ -707,24 +707,31 @@ def test_distinct_prompt_prefixes_read_in_the_pass_as_after_their_own_pass(atten
         torch.testing.assert_close(rows_grads[name], own_grads[name], rtol=1e-5, atol=1e-6)
 
 
+def test_a_distilled_step_runs_no_pass_for_the_prompt_prefix(data, tmp_path, monkeypatch):
+    """The LLaMA's passes in a distilled QA micro-batch after the first: before, four (encoder, the decoder's prompt
+    prefix, decoder, teacher over prefix + documents + decoder tokens); now three, the prefix one row of the
+    decoder's pass and the teacher reading the frozen model's states of it, kept since the first step."""
+    from nugget_rag.train.distill import Teacher
 
-def test_a_training_step_runs_no_pass_for_the_prompt_prefix(data, tmp_path, monkeypatch):
-    """The LLaMA's passes in a QA micro-batch: before, three (encoder, the decoder's prompt prefix, decoder); now
-    two, the prefix one row of the decoder's pass."""
     counted = {}
     for arm in ("now", "before"):
         if arm == "before":
             own_prefix_pass(monkeypatch)
-        trainer = Trainer(config(tmp_path / arm, [source("qa", data)], batch_size=4), tiny_model())
+            monkeypatch.setattr(Teacher, "keeps_prefixes", lambda self, *args: False)
+        trainer = Trainer(config(tmp_path / arm, [source("qa", data)], batch_size=4, distill={"weight": 0.5}),
+                          tiny_model())
         passes = []  # (rows, width) of every pass of the inner LLaMA
         trainer.model.llama.model.register_forward_hook(
             lambda module, args, kwargs, out: passes.append(tuple(out.last_hidden_state.shape[:2])), with_kwargs=True)
         trainer.model.train()
+        trainer._backward([trainer.mixture.next_batch()])
+        passes.clear()
         batch = trainer.mixture.next_batch()
         trainer._backward([batch])
         counted[arm] = list(passes)
     prefix = len(batch.prefixes[0])
     assert prefix > 0 and all(len(p) == prefix for p in batch.prefixes)
-    (encoder, decoder), (encoder_before, own, decoder_before) = counted["now"], counted["before"]
+    (encoder, decoder, teacher), (encoder_before, own, decoder_before, teacher_before) = counted["now"], counted["before"]
     assert encoder == encoder_before and own == (1, prefix)  # the prefix's own pass: one row, dropped
     assert decoder == (4 + 1, max(decoder_before[1], prefix))  # the samples' rows and one for their shared prefix
+    assert teacher == (4, teacher_before[1] - prefix)  # the teacher runs no prefix in any row

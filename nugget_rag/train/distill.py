@@ -12,49 +12,71 @@ import torch
 import torch.nn.functional as F
 
 from ..base_model import BaseLM
-from ..layout import pad
+from ..layout import decoder_positions, pad
 from ..model import NuggetModel
 from .config import Distillation
 from .data import Batch
 
 
 class Teacher:
-    """Next-token logits of the uncompressed model at a batch's target tokens, aligned with the student's."""
+    """Next-token logits of the uncompressed model at a batch's target tokens, aligned with the student's.
+
+    The student's own base model (the default teacher) reads each example's prompt prefix as the states
+    `NuggetModel.prefix_states` keeps for the frozen model (adapters off): computed once, in a pass of their own, and
+    kept from step to step, since no weight of it trains; its pass then runs only the documents' and the decoder's
+    tokens, after them. `rows`: the last batch's rows as (tokens run, prefix positions read before them).
+    """
 
     def __init__(self, student: NuggetModel, base: BaseLM | None = None):
         if base is not None and base.tokenizer.get_vocab() != student.tokenizer.get_vocab():
             raise ValueError(f"the teacher {base.name!r} has another tokenizer than the student's base model "
                              f"{student.base_name!r}; distil from a model with the same tokenizer")
         self.student, self.base = student, base
+        self.rows: list[tuple[int, int]] = []
 
     @torch.no_grad()
     def target_logits(self, batch: Batch, soft_prompt: bool) -> torch.Tensor:
         """[targets, vocab] in the order of `NuggetModel.decode`'s target_logits: row-major over (sample, position),
         every label that is not -100 (the first token's only with a soft prompt, which alone predicts it)."""
         device = self.student.device
-        rows, picks = [], []
+        first = 0 if soft_prompt else 1
+        heads, bodies, targets = [], [], []  # per example: prefix, documents' tokens, decoder's targets
         for b, (prefix, docs) in enumerate(zip(batch.prefixes, batch.documents)):
             docs = batch.teacher_documents[b] if b < len(batch.teacher_documents) and batch.teacher_documents[b] else docs
-            n = int(batch.token_mask[b].sum())
-            head = list(prefix) + [t for doc in docs for t in doc]
-            rows.append(head + batch.input_ids[b, :n].tolist())
-            first = 0 if soft_prompt else 1
-            targets = (batch.labels[b, first:n] != -100).nonzero().flatten() + first
-            # token j of the decoder's input sits at len(head) + j in the teacher's; the state before it predicts it
-            picks.append((b, targets + len(head) - 1))
+            heads.append(list(prefix))
+            bodies.append([t for doc in docs for t in doc])
+            targets.append((batch.labels[b, first : int(batch.token_mask[b].sum())] != -100).nonzero().flatten() + first)
         limit = self.max_positions
-        if max(map(len, rows)) > limit:
-            raise ValueError(f"a teacher input of {max(map(len, rows))} tokens exceeds the teacher's {limit} positions "
+        longest = max(len(h) + len(d) + int(n) for h, d, n in zip(heads, bodies, batch.token_mask.sum(1)))
+        if longest > limit:
+            raise ValueError(f"a teacher input of {longest} tokens exceeds the teacher's {limit} positions "
                              "(the data builder skips such examples; was it built without distillation?)")
+        kept = self.keeps_prefixes(heads, bodies, targets)
+        before = [body if kept else head + body for head, body in zip(heads, bodies)]
+        rows = [b + batch.input_ids[i, : int(batch.token_mask[i].sum())].tolist() for i, b in enumerate(before)]
+        self.rows = [(len(row), len(head) if kept else 0) for row, head in zip(rows, heads)]
         ids, mask = pad(rows, self.student.tokenizer.pad_token_id, device)
-        if self.base is None:
-            hidden = self.student.read_text(ids, mask, adapter=None)
-            head = self.student.logits
-        else:
+        if self.base is not None:
             hidden = self.base.model.model(input_ids=ids, attention_mask=mask.long(), use_cache=False).last_hidden_state
             head = self.base.model.lm_head
-        chosen = torch.cat([hidden[b, index.to(device)] for b, index in picks])
+        elif kept:
+            layout = self.student.layout([[] for _ in rows], heads, adapter=None)
+            hidden = self.student.run(None, layout.reader(mask, mask.shape[1]), input_ids=ids,
+                                      position_ids=decoder_positions(layout.next_positions, mask))
+            head = self.student.logits
+        else:
+            hidden = self.student.read_text(ids, mask, adapter=None)
+            head = self.student.logits
+        # token j of the decoder's input sits at len(before) + j in the teacher's row; the state before it predicts it
+        chosen = torch.cat([hidden[b, (index + len(ahead) - 1).to(device)]
+                            for b, (ahead, index) in enumerate(zip(before, targets))])
         return head(chosen).float()
+
+    def keeps_prefixes(self, heads: list[list[int]], bodies: list[list[int]], targets: list[torch.Tensor]) -> bool:
+        """Whether the prefixes' kept states serve: the teacher is the student's base, and no prefix's last token is
+        what predicts a target (a soft prompt's first token, no documents between them)."""
+        return self.base is None and any(heads) and all(body or not len(t) or int(t[0]) > 0
+                                                        for body, t in zip(bodies, targets))
 
     @property
     def max_positions(self) -> int:

@@ -120,9 +120,7 @@ class ObjectiveLoss(nn.Module):
             return ce
         kl = kl_loss(target_logits, self.teacher.target_logits(compared, objective.soft_prompt), self.distill)
         if self.flops is not None:
-            teacher = [(len(p) + sum(map(len, docs)) + int(n), 0)
-                       for p, docs, n in zip(batch.prefixes, batch.documents, batch.token_mask.sum(1))]
-            self.flops += self.teacher_counter.forward(teacher, targets=len(target_logits))
+            self.flops += self.teacher_counter.forward(self.teacher.rows, targets=len(target_logits))
         self.terms = {"ce": float(ce.detach()), "kl": float(kl.detach())}
         return (1 - self.distill.weight) * ce + self.distill.weight * kl
 
