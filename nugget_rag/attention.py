@@ -31,11 +31,13 @@ ATTENTION_NAME = "nugget_sdpa"
 
 @dataclass
 class CaptureNuggets:
-    """Records every layer's key/value states at `positions` ([batch, k]) during an encoder pass."""
+    """Records every layer's key/value states at `positions` ([batch, k]) during an encoder pass; causal, or under
+    `mask` (boolean, [batch, 1, tokens, tokens]: packed rows, packing.py)."""
 
     positions: torch.Tensor
     keys: dict[int, torch.Tensor] = field(default_factory=dict)
     values: dict[int, torch.Tensor] = field(default_factory=dict)
+    mask: torch.Tensor | None = None
 
     def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor, query_len: int):
         index = self.positions[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[3])
@@ -47,7 +49,7 @@ class CaptureNuggets:
     def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
                dropout: float) -> torch.Tensor:
         key, value, _ = self.extend(layer, key, value, query.shape[2])
-        return _sdpa(query, key, value, None, scale, dropout)  # plain causal attention over the document alone
+        return _sdpa(query, key, value, self.mask, scale, dropout)  # causal attention over the document alone
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values as [layers, batch, kv_heads, k, head_dim]."""

@@ -26,6 +26,7 @@ from .config import DECODER, ENCODER, Decoding, MergedFormat, NuggetConfig
 from .identity import Identity, base_digest
 from .int8 import check_int8_support
 from .layout import NuggetLayout
+from .packing import EncoderRows
 from .persistence import Persistence
 from .prefix_cache import PrefixCache, PromptPrefixes
 from .prefix_rows import PrefixRows
@@ -189,20 +190,23 @@ class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
         """Token ids padded into one batch on the model's device (layout.pad), and the mask of real tokens."""
         return positions.pad(sequences, self.tokenizer.pad_token_id, self.device, left)
 
-    def score(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Scorer over the hidden states after `scorer_layer` layers of the frozen model (adapters off)."""
+    def score(self, input_ids: torch.Tensor, steps: torch.Tensor | None = None,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Scorer over the hidden states after `scorer_layer` layers of the frozen model (adapters off); causal, or
+        at positions `steps` under a boolean `mask` ([batch, 1, tokens, tokens]: packed rows, packing.py)."""
         inner = self.llama.model
-        steps = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        steps = torch.arange(input_ids.shape[1], device=input_ids.device)[None] if steps is None else steps
         with self.lock, self.use_adapter(None), torch.no_grad():
             hidden = inner.embed_tokens(input_ids)
             rotary = inner.rotary_emb(hidden, position_ids=steps)
             for layer in inner.layers[: self.config.scorer_layer]:
-                hidden = layer(hidden, position_embeddings=rotary, position_ids=steps)
+                hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=steps)
         return self.scorer(hidden)
 
     def compress(self, token_ids: Sequence[Sequence[int]], ratio: float | None = None, adapter: str | None = ENCODER,
-                 segment_tokens: int | None = None, ranked: bool = False) -> list[NuggetState]:
-        """Encode each document (a list of token ids) into its nuggets, in one right-padded batch.
+                 segment_tokens: int | None = None, ranked: bool = False, packed: bool = False) -> list[NuggetState]:
+        """Encode each document (a list of token ids) into its nuggets, in one right-padded batch (`packed`: several
+        documents a row, packing.py).
 
         A document longer than `segment_tokens` (default: the model's positions less the document opening) is cut
         into segments that are compressed independently and joined into one state (each keeps its own last token).
@@ -215,7 +219,7 @@ class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
             raise ValueError("every document must have at least one token")
         pieces, owners = positions.split_segments(token_ids, segment_tokens)
         fingerprint = self.fingerprint(ratio, adapter, segment_tokens, ranked)
-        states = self._compress_segments(pieces, ratio, adapter, fingerprint, ranked)
+        states = self._compress_segments(pieces, ratio, adapter, fingerprint, ranked, packed)
         joined: list[list[tuple[int, NuggetState]]] = [[] for _ in token_ids]
         for (doc, start), state in zip(owners, states):
             joined[doc].append((start, state))
@@ -235,16 +239,15 @@ class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
         return positions.to_document_positions(keys, opening, self.inv_freq)
 
     def _compress_segments(self, token_ids: list[list[int]], ratio: float, adapter: str | None,
-                           fingerprint: str, ranked: bool) -> list[NuggetState]:
-        lengths = [len(t) for t in token_ids]
-        input_ids, opening = self.encoder_input(token_ids)
-        scores = self.score(input_ids)[:, opening:]
+                           fingerprint: str, ranked: bool, packed: bool = False) -> list[NuggetState]:
+        lengths, opening = [len(t) for t in token_ids], len(self.document_opening)
+        rows = EncoderRows.of([self.document_opening + t for t in token_ids], self.tokenizer.pad_token_id,
+                              self.device, packed)
+        scores = rows.unpack(self.score(rows.ids, rows.steps, rows.mask))[:, opening:]
         chosen = (rank_nuggets if ranked else select_nuggets)(scores, lengths, ratio)
-        width = max(len(c) for c in chosen)
-        padded = torch.stack([F.pad(c, (0, width - len(c)), value=int(c[-1])) for c in chosen])
-        capture = CaptureNuggets(padded + opening)
-        self.run(adapter, capture, input_ids=input_ids)
-        keys, values = capture.stacked()
+        capture = CaptureNuggets(rows.gather_positions([c + opening for c in chosen]), mask=rows.mask)
+        self.run(adapter, capture, input_ids=rows.ids, position_ids=rows.steps)
+        keys, values = (rows.per_sequence(t, [len(c) for c in chosen]) for t in capture.stacked())
         keys = self.to_document_positions(keys, opening)
         states = []
         for b, (chosen_b, n) in enumerate(zip(chosen, lengths)):

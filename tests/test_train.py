@@ -735,3 +735,52 @@ def test_a_distilled_step_runs_no_pass_for_the_prompt_prefix(data, tmp_path, mon
     assert encoder == encoder_before and own == (1, prefix)  # the prefix's own pass: one row, dropped
     assert decoder == (4 + 1, max(decoder_before[1], prefix))  # the samples' rows and one for their shared prefix
     assert teacher == (4, teacher_before[1] - prefix)  # the teacher runs no prefix in any row
+
+
+@pytest.mark.parametrize("name", ["qa", "rag_qa"])
+def test_packed_documents_give_the_padded_loss_and_gradients(name, data, tmp_path):
+    """`packing` puts several documents in each row of the Scorer's and the encoder's passes, each attending to
+    itself alone from position 0: the loss and every gradient (encoder, decoder, Scorer, soft prompt) are the
+    padded run's, distilled, for fewer positions computed."""
+    results = {}
+    for packing in (False, True):
+        trainer = Trainer(config(tmp_path / str(packing), [source(name, data)], batch_size=4, distill={"weight": 0.5},
+                                 lengths={**LENGTHS, "document": 96}, packing=packing), perturbed(tiny_model()))
+        passes = []  # (rows, width) of every pass of the inner LLaMA
+        trainer.model.llama.model.register_forward_hook(
+            lambda module, args, kwargs, out: passes.append(tuple(out.last_hidden_state.shape[:2])), with_kwargs=True)
+        trainer.model.train()
+        batch = trainer.mixture.next_batch()
+        results[packing] = trainer._backward([batch])[0][0], gradients(trainer.model), passes
+    (loss_value, grads, padded), (packed_loss, packed_grads, packed) = results[False], results[True]
+    assert packed_loss == pytest.approx(loss_value, rel=1e-6)
+    assert grads.keys() == packed_grads.keys() and any(f".{ENCODER}." in n or n.startswith("scorer.") for n in grads)
+    for key in grads:
+        torch.testing.assert_close(packed_grads[key], grads[key], rtol=1e-5, atol=1e-6)
+    assert batch.packed_tokens <= batch.padded_tokens
+    assert sum(r * w for r, w in packed) <= sum(r * w for r, w in padded)
+
+
+@pytest.mark.parametrize("ranked", [False, True])
+def test_packed_documents_compress_to_the_padded_states_in_fewer_rows(ranked):
+    """Documents of different lengths, packed first-fit into rows of the longest's width: the same nugget positions,
+    scores, keys and values as one document a row, from 3 rows instead of 5."""
+    from nugget_rag.train.data import collate
+
+    model = perturbed(tiny_model())
+    texts = ["the cat sat on the mat and looked around at all the things", "dogs ran", "blue skies over the hills",
+             "a", "green hills under blue skies while dogs ran far away"]
+    docs = [model.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    passes = []
+    model.llama.model.register_forward_hook(
+        lambda module, args, kwargs, out: passes.append(tuple(out.last_hidden_state.shape[:2])), with_kwargs=True)
+    padded, packed = model.compress(docs, ranked=ranked), model.compress(docs, ranked=ranked, packed=True)
+    assert [rows for rows, _ in passes] == [5, 3]
+    for a, b in zip(padded, packed):
+        assert torch.equal(a.positions, b.positions) and a.fingerprint == b.fingerprint
+        for x, y in [(a.keys, b.keys), (a.values, b.values), (a.scores, b.scores)]:
+            torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6)
+    batch = collate([{"documents": [d], "input_ids": [5, 6], "target_start": 1, "references": [], "prefix": []}
+                     for d in docs], 0, model.tokenizer.pad_token_id)
+    longest = max(map(len, docs))
+    assert (batch.padded_tokens, batch.packed_tokens) == (5 * longest + 10, 3 * longest + 10)

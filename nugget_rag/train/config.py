@@ -140,6 +140,12 @@ class TrainConfig(BaseModel):
                             "query/key channel, no float mask, so SDPA's fused kernels run), reference (under a float "
                             "mask), auto (fused on CUDA). Both give the same loss and gradients.",
     )
+    packing: bool = Field(
+        False, description="Pack the documents of a micro-batch several to a row of the encoder's passes (the "
+                           "Scorer's and the encoder's), each attending to itself alone at positions from 0, instead "
+                           "of one to a row padded to the longest: the same nuggets, loss and gradients from fewer "
+                           "positions (packing.py). The decoder's pass stays one example to a row.",
+    )
     export_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Weights of the final export (bfloat16: half the size; checkpoints stay float32)."
     )
@@ -178,5 +184,5 @@ class TrainConfig(BaseModel):
             mode="json",
             exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
                      "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
-                     "compile", "attention"},
+                     "compile", "attention", "packing"},
         )

@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 from .. import corpora
 from ..config import nugget_count
 from ..layout import document_opening, prompt_around_documents
+from ..packing import first_fit
 from ..prompts import (
     chat_token_ids,
     full_context_messages,
@@ -361,6 +362,14 @@ class Batch:
         """Tokens the passes compute, padding included: the documents in one encoder batch, then the decoder's."""
         lengths = [len(d) for docs in self.documents for d in docs]
         return len(lengths) * max(lengths, default=0) + self.token_mask.numel()
+
+    @property
+    def packed_tokens(self) -> int:
+        """`padded_tokens` with the documents packed (TrainConfig.packing): several to a row of the longest's width
+        (packing.first_fit)."""
+        lengths = [len(d) for docs in self.documents for d in docs]
+        rows = len({row for row, _ in first_fit(lengths, max(lengths))}) if lengths else 0
+        return rows * max(lengths, default=0) + self.token_mask.numel()
 
     @property
     def targets(self) -> int:

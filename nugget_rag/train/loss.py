@@ -20,14 +20,16 @@ from .objectives import OBJECTIVES, parts_of
 from .sources import Source
 
 
-def compress_batch(model: NuggetModel, batch: Batch, source: Source) -> list[list]:
+def compress_batch(model: NuggetModel, batch: Batch, source: Source, packed: bool = False) -> list[list]:
     """The nuggets of every example's documents (none for the full-context reference), at the batch's ratio in one
     encoder batch, or at each document's own reading (one encoder batch per ratio; r = 1 is the frozen model's
-    key/values of the text, as a resolution policy reads a passage whole)."""
+    key/values of the text, as a resolution policy reads a passage whole); `packed`: several documents a row
+    (NuggetModel.compress)."""
     if source.full_context:
         return [[] for _ in batch.documents]
     if not any(batch.readings):
-        states = iter(model.compress([doc for docs in batch.documents for doc in docs], ratio=batch.ratio))
+        states = iter(model.compress([doc for docs in batch.documents for doc in docs], ratio=batch.ratio,
+                                     packed=packed))
         return [[next(states) for _ in docs] for docs in batch.documents]
     wanted = [(b, d, ratios[d] if ratios else batch.ratio) for b, (docs, ratios) in
               enumerate(zip(batch.documents, batch.readings)) for d in range(len(docs))]
@@ -37,7 +39,7 @@ def compress_batch(model: NuggetModel, batch: Batch, source: Source) -> list[lis
         as_text = ratio == 1
         with torch.no_grad() if as_text else nullcontext():
             states = model.compress([batch.documents[b][d] for b, d in picked], ratio=ratio,
-                                    adapter=None if as_text else ENCODER)
+                                    adapter=None if as_text else ENCODER, packed=packed)
         found.update(zip(picked, states))
     return [[found[b, d] for d in range(len(docs))] for b, docs in enumerate(batch.documents)]
 
@@ -72,14 +74,16 @@ class ObjectiveLoss(nn.Module):
 
     With distillation, the loss is (1 - w) CE + w KL to the teacher; `terms` holds the last batch's CE and KL, and
     `flops` its model FLOPs (None in autoregressive mode, which is not counted). `train_encoder=False`
-    (optim.encoder_lr 0) leaves the encoder adapter out of every objective's gradient.
+    (optim.encoder_lr 0) leaves the encoder adapter out of every objective's gradient; `packing` packs the encoder's
+    documents (TrainConfig.packing).
     """
 
     def __init__(self, model: NuggetModel, sources: list[Source], distill: Distillation | None = None,
-                 teacher: Teacher | None = None, stream: StreamSettings | None = None, train_encoder: bool = True):
+                 teacher: Teacher | None = None, stream: StreamSettings | None = None, train_encoder: bool = True,
+                 packing: bool = False):
         super().__init__()
         self.model = model
-        self.train_encoder = train_encoder
+        self.train_encoder, self.packing = train_encoder, packing
         self.sources = sources
         self.stream = stream or StreamSettings()
         self.distill = distill if distill is not None and distill.weight > 0 else None
@@ -103,7 +107,7 @@ class ObjectiveLoss(nn.Module):
             ce = F.cross_entropy(target_logits, targets)
         else:
             device = self.model.device
-            states = compress_batch(self.model, batch, source)
+            states = compress_batch(self.model, batch, source, self.packing)
             compared = batch
             if self.distill is not None and self.distill.positions == "all" and not source.full_context:
                 compared = replace(batch, labels=torch.where(batch.token_mask, batch.input_ids, -100))

@@ -108,7 +108,7 @@ class Trainer:
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.objective = ObjectiveLoss(model, config.data, config.distill, self.teacher, config.stream,
-                                       train_encoder=config.optim.encoder_lr != 0)
+                                       train_encoder=config.optim.encoder_lr != 0, packing=config.packing)
         self.loss, self.optimizer = self.accelerator.prepare(self.objective, self.optimizer)
         self.step = 0
         self.passes = 1  # forward/backward passes per micro-batch: doubled when one runs out of GPU memory
@@ -253,7 +253,8 @@ class Trainer:
             self._metric(line)
         if acc.is_main_process:
             (self.out / CONFIG_FILE).write_text(json.dumps(cfg.resume_key(), indent=1))
-        start, losses, window = time.monotonic(), [], _Window(peak_flops(acc.device, cfg.peak_tflops))
+        start, losses, window = time.monotonic(), [], _Window(peak_flops(acc.device, cfg.peak_tflops),
+                                                                   cfg.packing)
         if self.step == 0:
             self._warm_start()
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="training", disable=not acc.is_local_main_process)
@@ -473,11 +474,11 @@ class Trainer:
 
 
 class _Window:
-    """Losses, tokens (and the share of padding) and model FLOPs since the last metric line (MFU against `peak`
-    FLOP/s, where known)."""
+    """Losses, tokens (and the share of padding, of packed documents' rows with `packing`) and model FLOPs since the
+    last metric line (MFU against `peak` FLOP/s, where known)."""
 
-    def __init__(self, peak: float | None = None):
-        self.peak = peak
+    def __init__(self, peak: float | None = None, packing: bool = False):
+        self.peak, self.packing = peak, packing
         self.losses: dict[str, list[float]] = defaultdict(list)
         self.terms: dict[str, list[float]] = defaultdict(list)
         self.tokens, self.padded, self.seconds = 0, 0, 0.0
@@ -489,7 +490,7 @@ class _Window:
             for term, value in terms.items():
                 self.terms[f"{term}/{name}"].append(value)
         self.tokens += batch.tokens
-        self.padded += batch.padded_tokens
+        self.padded += batch.packed_tokens if self.packing else batch.padded_tokens
         self.flops = None if flops is None or self.flops is None else self.flops + flops
 
     def flush(self) -> dict:
@@ -501,7 +502,7 @@ class _Window:
             line["model_tflops_per_s"] = float(f"{self.flops / self.seconds / 1e12:.4g}")
             if self.peak:
                 line["mfu"] = float(f"{self.flops / self.seconds / self.peak:.4g}")
-        self.__init__(self.peak)
+        self.__init__(self.peak, self.packing)
         return line
 
 
