@@ -364,6 +364,13 @@ class NuggetIndex:
                              f"({given_store}); open it without the Redis store (no --store)")
         if not _keeps_store(compressor.store, store_dir):
             compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
+        floor = manifest.get("keep_ratio", 1.0)  # an index keeps the floor it was built with
+        if compressor.keep_ratio != floor:
+            if "keep_ratio" in compressor.model_fields_set:
+                raise ValueError(f"the index in {directory} keeps nuggets down to r = {floor:g}, not keep_ratio="
+                                 f"{compressor.keep_ratio:g}; open it with keep_ratio={floor:g}, or ingest into a new "
+                                 "index directory for another floor")
+            compressor = compressor.model_copy(update={"keep_ratio": floor})
         for name, default in (("chunk_tokens", 384), ("chunk_overlap", 32)):
             saved = manifest.get(name, default)
             if kwargs.setdefault(name, saved) != saved:

@@ -134,7 +134,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     written = compressor.store.stats["bytes_written"] - written
     if written and "workers" not in stats:  # Ray workers write from their own processes
         text = "with" if args.text_states else "without"
-        print(f"Stored {written / 2**20:.1f} MiB, {written / max(stats['tokens'], 1):,.0f} bytes a token: nuggets "
+        size = f"{written / 2**20:.1f} MiB" if written >= 2**20 else f"{written / 2**10:.1f} KiB"
+        print(f"Stored {size}, {written / max(stats['tokens'], 1):,.0f} bytes a token: nuggets "
               f"kept down to r = {compressor.keep_ratio:g}, {text} text states ({compressor.kv_format})")
     return 0
 

@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
 from .checkpoint_files import DEFAULT_CHECKPOINT
-from .config import ENCODER, NuggetConfig
+from .config import ENCODER, PROBE_RATIO, NuggetConfig
 from .model import NuggetModel
 from .state import KVFormat, NuggetState
 from .store import NuggetStore
@@ -70,10 +70,12 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
     store: NuggetStore = Field(default_factory=NuggetStore)
     ratio: float | None = Field(None, description="Compression ratio r a document is read at unless a call asks for "
                                 "another; default: the model's.")
-    keep_ratio: float = Field(1.0, description="The finest ratio stored (each state's floor): a document is "
-                              "compressed once, its nuggets kept in resolution order down to this ratio, and read at "
-                              "any ratio >= keep_ratio without recompute. 1 keeps every position (23 KB a token in "
-                              "bfloat16, 6 KB in int4); a finer ratio asked for is compressed and stored anew.")
+    keep_ratio: float = Field(PROBE_RATIO, description="The finest ratio stored (each state's floor): a document "
+                              "is compressed once, its nuggets kept in resolution order down to this ratio, and read "
+                              "at any ratio >= keep_ratio without recompute. Default: what the default policy reads "
+                              "(its probe at r = 4; a passage it reads whole is read from its text state). 1 keeps "
+                              "every position (23 KB a token in bfloat16, 6 KB in int4); a finer ratio asked for is "
+                              "compressed and stored anew.")
     batch_size: int = Field(8, ge=1, description="Documents compressed in one forward pass.")
     segment_tokens: int | None = Field(None, ge=1, description="Longer documents are split (default: model positions).")
     kv_format: KVFormat = Field("bfloat16", description="How nugget keys/values are kept and stored: bfloat16 (half "

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ENCODER = "encoder"
 DECODER = "decoder"
+PROBE_RATIO = 4.0  # the ratio the default policy reads every retrieved passage at, so the finest a store keeps
 MergedFormat = Literal["float", "int8"]  # how passes without autograd run merged adapters (adapters.py, int8.py)
 # How generation decodes after the prompt (static_decoding.py): "dynamic", a KV cache that grows, eager (the default);
 # "static", a preallocated one; "compiled", static, each one-token step through torch.compile (CUDA graphs on CUDA).

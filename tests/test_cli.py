@@ -77,7 +77,7 @@ def test_ingest_with_text_states_stores_them_and_prints_what_they_cost(capsys, c
         assert cli.main(["ingest", str(folder), str(jsonl), "--index", str(index_dir), "-q", *flags]) == 0
         out = capsys.readouterr().out
         stored = sum(p.stat().st_size for p in (index_dir / "nuggets").rglob("*") if p.is_file())
-        assert f"Stored {stored / 2**20:.1f} MiB" in out and "kept down to r = 1" in out
+        assert f"Stored {stored / 2**10:.1f} KiB" in out and "kept down to r = 4" in out
         assert ("with text states" if text_states else "without text states") in out
         sizes[text_states] = stored
     assert sizes[True] > 1.5 * sizes[False]  # a text state beside each chunk's nuggets

@@ -36,7 +36,7 @@ def test_compressor_returns_new_documents_naming_stored_nuggets(compressor):
     info = out[0].metadata[METADATA_KEY]
     state = compressor.store.get_by_key(info["key"])
     assert state is not None and state.at_ratio(info["ratio"]).k == info["n_nuggets"] and state.n == info["n_tokens"]
-    assert info["ratio"] == 4.0 and info["floor"] == state.floor == 1.0
+    assert info["ratio"] == 4.0 and info["floor"] == state.floor == 4.0  # the default floor: the probe's ratio
     assert info["n_nuggets"] == -(-info["n_tokens"] // 4)
 
 
@@ -48,12 +48,12 @@ def test_second_compression_runs_no_model_pass(compressor, monkeypatch):
 
 def test_another_ratio_reads_the_stored_state_and_another_floor_misses(compressor, monkeypatch):
     compressor.invoke(TEXTS[0])
-    finer = NuggetCompressor(model=compressor.model, store=compressor.store, ratio=2)
+    coarser = NuggetCompressor(model=compressor.model, store=compressor.store, ratio=8)
     with monkeypatch.context() as patch:
         patch.setattr(compressor.model, "compress", lambda *a, **k: pytest.fail("recomputed a stored state"))
-        out = finer.invoke(TEXTS[0])
-    assert out[0].metadata[METADATA_KEY]["ratio"] == 2.0
-    assert out[0].metadata[METADATA_KEY]["n_nuggets"] == -(-out[0].metadata[METADATA_KEY]["n_tokens"] // 2)
+        out = coarser.invoke(TEXTS[0])
+    assert out[0].metadata[METADATA_KEY]["ratio"] == 8.0
+    assert out[0].metadata[METADATA_KEY]["n_nuggets"] == -(-out[0].metadata[METADATA_KEY]["n_tokens"] // 8)
     coarse_floor = NuggetCompressor(model=compressor.model, store=compressor.store, keep_ratio=2)
     assert coarse_floor.fingerprint != compressor.fingerprint
     misses = compressor.store.stats["misses"]
