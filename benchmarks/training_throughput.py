@@ -10,7 +10,8 @@ For each `--group` value (`group_by_length`; 0: off) it draws `--padding-batches
 mixture and reports the share of padding in what the passes compute; with `--steps`, it then trains that many steps
 from the shipped checkpoint (no warm start; one dev example per source at the end) and reports tokens/s, model TFLOP/s
 and MFU (nugget_rag/train/flops.py) over the second half of the steps (the first steps of a compiled arm compile).
-`--compile both` runs each arm eager and with `compile` (torch.compile per layer); `--attention reference fused` runs
+`--compile both` runs each arm eager and with `compile` (torch.compile per layer), `--packing both` padded and
+packed; `--attention reference fused` runs
 each with the decoder's float-mask attention and with the fused one (TrainConfig.attention). Writes
 benchmarks/results/<name>.{md,json}.
 """
@@ -33,23 +34,25 @@ from nugget_rag.train.config import TrainConfig
 from nugget_rag.train.trainer import Trainer
 
 
-def arm_config(recipe: dict, args, group: int, compiled: bool, attention: str, out: Path) -> TrainConfig:
+def arm_config(recipe: dict, args, group: int, compiled: bool, attention: str, packing: bool, out: Path) -> TrainConfig:
     return TrainConfig.model_validate(recipe | {
-        "output_dir": str(out / f"group{group}-compile{int(compiled)}-{attention}"), "batch_size": args.batch_size, "grad_accum": 1,
+        "output_dir": str(out / f"group{group}-compile{int(compiled)}-{attention}-packing{int(packing)}"),
+        "batch_size": args.batch_size, "grad_accum": 1,
         "group_by_length": group, "max_steps": max(args.steps, 1), "scorer_warm_start": {"steps": 0},
         "eval_every": 0, "eval_examples": 1, "eval_generate": 0, "save_every": 10**6,
         "log_every": max(args.steps // 2, 1), "threads": args.threads, "peak_tflops": args.peak_tflops,
-        "compile": compiled, "attention": attention,
+        "compile": compiled, "attention": attention, "packing": packing,
     })
 
 
-def measure(recipe: dict, args, group: int, compiled: bool, attention: str, out: Path) -> dict:
-    trainer = Trainer(arm_config(recipe, args, group, compiled, attention, out))
+def measure(recipe: dict, args, group: int, compiled: bool, attention: str, packing: bool, out: Path) -> dict:
+    trainer = Trainer(arm_config(recipe, args, group, compiled, attention, packing, out))
     state = trainer.mixture.state_dict()
     batches = [trainer.mixture.next_batch() for _ in range(args.padding_batches)]
-    real, padded = sum(b.tokens for b in batches), sum(b.padded_tokens for b in batches)
-    row = {"group_by_length": group, "compile": compiled, "attention": attention, "padding": round(1 - real / padded, 3),
-           "batches": len(batches)}
+    real = sum(b.tokens for b in batches)
+    padded = sum(b.packed_tokens if packing else b.padded_tokens for b in batches)
+    row = {"group_by_length": group, "compile": compiled, "attention": attention, "packing": packing,
+           "padding": round(1 - real / padded, 3), "batches": len(batches)}
     if args.steps:
         trainer.mixture.load_state_dict(state)
         line = trainer.train().losses[-1]
@@ -68,25 +71,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--peak-tflops", type=float)
     parser.add_argument("--compile", choices=["off", "on", "both"], default="off", help="torch.compile arms")
+    parser.add_argument("--packing", choices=["off", "on", "both"], default="off",
+                        help="arms with the documents packed into the encoder's rows (TrainConfig.packing)")
     parser.add_argument("--attention", nargs="+", choices=["auto", "reference", "fused"], default=["auto"],
                         help="the decoder's attention in training, one arm each (TrainConfig.attention)")
     parser.add_argument("--name", default="training-throughput")
     args = parser.parse_args()
     recipe = yaml.safe_load(args.config.read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        compiled = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
-        rows = [measure(recipe, args, group, c, attention, Path(tmp))
-                for group in args.group for c in compiled for attention in args.attention]
+        arms = {"off": [False], "on": [True], "both": [False, True]}
+        rows = [measure(recipe, args, group, c, attention, packing, Path(tmp))
+                for group in args.group for c in arms[args.compile] for attention in args.attention
+                for packing in arms[args.packing]]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     base = rows[0]
     lines = [f"# Training throughput ({date.today()})", "",
              f"`python {shlex.join(sys.argv)}` on {device}; {args.config}, batch {args.batch_size}.", "",
-             "| group_by_length | compile | attention | padding | tokens/s | model TFLOP/s | MFU | tokens/s vs the first row |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| group_by_length | compile | attention | packing | padding | tokens/s | model TFLOP/s | MFU | tokens/s vs the first row |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         speed = row.get("tokens_per_s")
         ratio = f"{speed / base['tokens_per_s']:.2f}x" if speed and base.get("tokens_per_s") else "-"
-        lines.append(f"| {row['group_by_length'] or 'off'} | {'on' if row['compile'] else 'off'} | {row['attention']} | {row['padding']:.1%} | {speed or '-'} | "
+        lines.append(f"| {row['group_by_length'] or 'off'} | {'on' if row['compile'] else 'off'} | {row['attention']} | "
+                     f"{'on' if row['packing'] else 'off'} | {row['padding']:.1%} | {speed or '-'} | "
                      f"{row.get('model_tflops_per_s') or '-'} | {row.get('mfu') or '-'} | {ratio} |")
     results = Path("benchmarks/results")
     results.mkdir(parents=True, exist_ok=True)

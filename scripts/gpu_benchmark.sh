@@ -53,10 +53,11 @@ step() {  # NAME SHARE COMMAND...: one part, bounded by SHARE seconds and the de
 }
 step "one training step, reference and fused attention (equal loss and gradients)" 30 "$py" \
   benchmarks/attention_paths.py --batch-size "$batch" --repeats 2 --name "$tag"attention-paths "${model_flags[@]}"
-step "training throughput, reference and fused attention" 60 "$py" benchmarks/training_throughput.py \
+step "training throughput: reference and fused attention, padded and packed" 80 "$py" benchmarks/training_throughput.py \
   --config "$config" --batch-size "$batch" --steps "$steps" --group 16 --padding-batches 2 --attention reference fused \
+  --packing both \
   --name "$tag"training-throughput
-step "step profile, fused attention" 40 "$py" benchmarks/step_profile.py --config "$config" --batch-size "$batch" \
+step "step profile, fused attention" 30 "$py" benchmarks/step_profile.py --config "$config" --batch-size "$batch" \
   --warmup 1 --attention fused --sources 2 --name "$tag"step-profile
 for file in benchmarks/results/"$tag"*; do  # this call's reports only, out of the tree
   [ -e "$file" ] && mv "$file" "$reports/${file#benchmarks/results/"$tag"}"
@@ -69,7 +70,7 @@ if [ -z "${DRY_RUN:-}" ]; then
 else
   log "compiled decoding against eager on CUDA: skipped in a dry run (it needs a GPU; the suite runs the rest)"
 fi
-step "the same speed run, each decoding step a CUDA graph" 45 "$py" -m nugget_rag.cli eval --tasks speed \
+step "the same speed run, each decoding step a CUDA graph" 35 "$py" -m nugget_rag.cli eval --tasks speed \
   "${speed_flags[@]}" --ratios 10 --decoding compiled --out-dir "$reports" --name speed-compiled --no-plots -q \
   "${eval_flags[@]}"
 for name in attention-paths training-throughput step-profile speed speed-compiled; do
