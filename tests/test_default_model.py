@@ -66,13 +66,17 @@ def test_ingest_ask_and_stream_with_sources(compressor):
     compressed = compressor.invoke(DOCS)
     assert [d.metadata["nuggets"]["n_nuggets"] for d in compressed] == [
         -(-d.metadata["nuggets"]["n_tokens"] // 10) for d in compressed]
-    llm = NuggetLLM(compressor=compressor, max_new_tokens=16)
-    chain = {"documents": RunnableLambda(lambda q: DOCS) | compressor, "question": RunnablePassthrough()} | llm
+    uniform = NuggetLLM(compressor=compressor, max_new_tokens=16, resolution="uniform")
+    chain = {"documents": RunnableLambda(lambda q: DOCS) | compressor, "question": RunnablePassthrough()} | uniform
     chunks = list(chain.stream("What does json.loads do?"))
     text = "".join(c.content for c in chunks)
     assert len(chunks) > 2 and text.strip()
     sources = [s["source"] for c in chunks for s in c.response_metadata.get("sources", [])]
     assert sources == ["library/json.rst", "eiffel.txt"]
+    default = {"documents": RunnableLambda(lambda q: DOCS) | compressor, "question": RunnablePassthrough()} | NuggetLLM(
+        compressor=compressor, max_new_tokens=16)
+    read = default.invoke("What does json.loads do?").response_metadata["sources"]
+    assert [(s["source"], s["read_as"]) for s in read] == [("library/json.rst", "text")]  # the likeliest, whole
 
 
 def test_store_reopens_without_recompute(compressor, monkeypatch):
