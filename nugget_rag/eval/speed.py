@@ -91,14 +91,15 @@ def passages(env: Env, cfg, count: int, tokens: int) -> list[list[int]]:
 def _adaptive_entry(model, docs: list[str], prompt: list[int], prefix: list[int], sc, row: dict) -> dict:
     """The default resolution policy over states already in the store (nuggets and text states): time to first token
     including the policy's probe and the store reads, per-token decoding, and the bytes stored per document token."""
-    compressor = NuggetCompressor(model=model, text_states=True)
+    compressor = NuggetCompressor(model=model, text_states=True, keep_ratio=1)  # floor 1: the bytes of every floor
     compressor.invoke(docs)  # ingest: every state the policy may read is stored
     policy = default_resolution()
     firsts, per_token, plans = [], [], []
 
     def read():
-        plans.append(policy.plan(QUESTION, docs, compressor))
-        return [compressor.states([d], r.ratio, r.adapter)[0] for d, r in zip(docs, plans[-1]) if r.ratio is not None]
+        planned = policy.read(QUESTION, docs, compressor)
+        plans.append(planned.readings)
+        return [found.state for found in planned.found]
 
     adapter = policy.decoder_adapter(policy.plan(QUESTION, docs, compressor))
     with no_eos():
