@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from tiny import perturb_adapters as perturb  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
 from nugget_rag.config import NuggetConfig  # noqa: E402
@@ -19,15 +20,7 @@ def make_model():
 
     def make(ratio: float = 4.0, perturb_adapters: bool = True, **config) -> NuggetModel:
         model = NuggetModel(tiny_base(), NuggetConfig(ratio=ratio, scorer_layer=2, lora={"rank": 4}, **config))
-        if perturb_adapters:
-            import torch
-
-            gen = torch.Generator().manual_seed(1)
-            with torch.no_grad():
-                for name, p in model.peft.named_parameters():
-                    if "lora_B" in name:
-                        p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-        return model
+        return perturb(model) if perturb_adapters else model
 
     return make
 

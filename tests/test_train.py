@@ -9,7 +9,7 @@ import torch
 import yaml
 from accelerate.state import AcceleratorState
 from pydantic import ValidationError
-from tiny import tiny_base
+from tiny import perturb_adapters, tiny_base
 from torch.utils.flop_counter import FlopCounterMode
 
 from nugget_rag import attention
@@ -636,16 +636,6 @@ def test_the_pretraining_stage_trains_two_steps_on_the_tiny_model(tmp_path):
     assert any("autoencoding:python-3.11-docs/bleu" in line for line in lines if line["kind"] == "eval")
 
 
-def perturbed(model: NuggetModel) -> NuggetModel:
-    """The model with random LoRA B matrices, so that both adapters change what they compute."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.peft.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
-    return model
-
-
 def own_prefix_pass(monkeypatch) -> None:
     """Make the decoder run its prompt prefixes in a pass of their own, as it did before prefix_rows.py."""
     layout = NuggetModel.layout
@@ -664,7 +654,7 @@ def test_the_prompt_prefix_as_rows_of_the_decoders_pass_gives_its_own_passs_loss
         if arm == "own_pass":
             own_prefix_pass(monkeypatch)
         trainer = Trainer(config(tmp_path / arm, [source("qa", data)], batch_size=3, distill={"weight": 0.5},
-                                 **settings), perturbed(tiny_model()))
+                                 **settings), perturb_adapters(tiny_model()))
         trainer.model.train()
         batch = trainer.mixture.next_batch()
         assert all(batch.prefixes) and len({tuple(p) for p in batch.prefixes}) == 1
@@ -691,7 +681,7 @@ def test_distinct_prompt_prefixes_read_in_the_pass_as_after_their_own_pass(atten
     for arm in ("rows", "own_pass"):
         if arm == "own_pass":
             own_prefix_pass(monkeypatch)
-        model = perturbed(tiny_model())
+        model = perturb_adapters(tiny_model())
         model.attention = attention_path
         states = model.compress(ids)
         out = model.decode([[states[0], states[2]], [states[1]], [states[2]]], input_ids, mask,
@@ -745,7 +735,7 @@ def test_packed_documents_give_the_padded_loss_and_gradients(name, data, tmp_pat
     results = {}
     for packing in (False, True):
         trainer = Trainer(config(tmp_path / str(packing), [source(name, data)], batch_size=4, distill={"weight": 0.5},
-                                 lengths={**LENGTHS, "document": 96}, packing=packing), perturbed(tiny_model()))
+                                 lengths={**LENGTHS, "document": 96}, packing=packing), perturb_adapters(tiny_model()))
         passes = []  # (rows, width) of every pass of the inner LLaMA
         trainer.model.llama.model.register_forward_hook(
             lambda module, args, kwargs, out: passes.append(tuple(out.last_hidden_state.shape[:2])), with_kwargs=True)
@@ -767,7 +757,7 @@ def test_packed_documents_compress_to_the_padded_states_in_fewer_rows(ranked):
     scores, keys and values as one document a row, from 3 rows instead of 5."""
     from nugget_rag.train.data import collate
 
-    model = perturbed(tiny_model())
+    model = perturb_adapters(tiny_model())
     texts = ["the cat sat on the mat and looked around at all the things", "dogs ran", "blue skies over the hills",
              "a", "green hills under blue skies while dogs ran far away"]
     docs = [model.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]

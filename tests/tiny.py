@@ -42,3 +42,13 @@ def tiny_base(seed: int = 0, layers: int = 4, max_positions: int = 512, init_std
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).float()
     return prepare_base_model(model, tok, "tiny-llama")
+
+
+def perturb_adapters(model):
+    """`model` with random LoRA B matrices (seeded), so that both adapters change what they compute."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.peft.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    return model
