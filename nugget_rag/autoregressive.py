@@ -176,12 +176,12 @@ class NuggetStream:
         tracker, processors, eos = TextTracker(self.model.tokenizer, settings.stop), settings.logits_processors(), \
             eos_ids(self.model)
         self.generated = []
-        for _ in range(settings.max_new_tokens):
+        for step in range(settings.max_new_tokens + settings.finish_sentence):
             logits = self.last_logits[None]
             if processors and self.generated:
                 logits = processors(torch.tensor([self.generated], device=logits.device), logits)
             token = int(next_token(logits, settings, generator)[0])
-            if token in eos:
+            if token in eos or (step >= settings.max_new_tokens and tracker.ends_sentence_before(token)):
                 break
             self.feed([token])
             self.generated.append(token)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Collection, Iterator, Sequence
 from typing import Literal, get_args
 
@@ -34,6 +35,10 @@ class GenerationSettings(BaseModel):
     temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="0 = greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, description="Generation ends before the first of these strings.")
+    finish_sentence: int = Field(
+        0, ge=0, description="Past max_new_tokens, up to this many more tokens to end the sentence the limit cut (at a "
+        "'.', '!' or '?' followed by a space, or a line break); 0: the limit is hard."
+    )
     seed: int | None = Field(None, description="Seed for sampling.")
     repetition_penalty: float = Field(
         1.0, ge=1.0, allow_inf_nan=False, description="Above 1, makes tokens already generated less likely (CTRL's penalty: their positive "
@@ -54,6 +59,7 @@ class GenerationSettings(BaseModel):
 
 
 FinishReason = Literal["stop", "length"]
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 
 
 class RowSteps(Iterator[str]):
@@ -95,6 +101,16 @@ class TextTracker:
             if any(s.startswith(text[-size:]) for s in self.stop):
                 return self._release(text[:-size])
         return self._release(text)
+
+    def ends_sentence_before(self, token: int) -> bool:
+        """Whether the text so far ends a sentence that `token` would not continue: a line break, or '.', '!' or
+        '?' (closing quotes and brackets after it) with `token` starting with a space."""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\n"):
+            return True
+        if not _SENTENCE_END.search(text):
+            return False
+        return self.tokenizer.decode([*self.ids, token], skip_special_tokens=True)[len(text) : len(text) + 1].isspace()
 
     def finish(self) -> str:
         if self.done:
@@ -152,7 +168,8 @@ def generation_steps(
 ) -> Iterator[tuple[list[str], list[FinishReason | None]]]:
     """`stream_generate`'s steps, each with every row's finish reason once that step's text is its last (None
     before): "stop" where an end-of-sequence token or a stop string ended it, "length" where the token budget
-    (max_new_tokens, or the model's positions) cut it.
+    (max_new_tokens, or the model's positions) cut it. With `settings.finish_sentence`, a row the budget would cut
+    mid-sentence goes on to the sentence's end, for at most that many tokens more ("length" still: it was cut).
 
     A finished row leaves the batch: later steps decode only the others. So does a row whose index the caller has
     put in `leave` (its request was cancelled) by the time it asks for the next step; its text is '' from then on.
@@ -168,8 +185,8 @@ def generation_steps(
     embeds, token_mask = model.embed(input_ids, token_mask, soft_prompt)
     model.check_positions(int(layout.next_positions.max()), embeds.shape[1] + 1)  # room for one new token at least
     budget = model.max_positions - int(layout.next_positions.max()) - embeds.shape[1]
-    steps = min(settings.max_new_tokens, budget)
-    if steps < settings.max_new_tokens:
+    steps = min(settings.max_new_tokens + settings.finish_sentence, budget)
+    if budget < settings.max_new_tokens:
         log.warning("max_new_tokens=%d cut to %d: the states and prompt take the rest of the model's %d positions",
                     settings.max_new_tokens, steps, model.max_positions)
     eos = eos_ids(model)
@@ -211,6 +228,10 @@ def generation_steps(
             if reasons[i] is not None or i in leave:  # a row kept in a static batch after it ended
                 continue
             tracker = trackers[i]
+            if step >= settings.max_new_tokens and tracker.ends_sentence_before(token):  # the overtime's end
+                pieces[i] = tracker.finish()
+                reasons[i] = "length"
+                continue
             if token in eos:
                 pieces[i] = tracker.finish()
                 tracker.done = True

@@ -33,13 +33,16 @@ class GenerationOptions(BaseModel):
     max_new_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    finish_sentence: int = Field(32, ge=0, description="Past max_new_tokens, up to this many more tokens to end the "
+                                 "sentence the limit cut, so an answer never stops mid-sentence for it; 0: a hard limit.")
     stop: list[str] | None = None
     seed: int | None = None
     repetition_penalty: float = Field(1.0, ge=1.0, allow_inf_nan=False, description="Above 1 discourages repeating generated tokens.")
     no_repeat_ngram_size: int = Field(0, ge=0, description="Never repeat a generated n-gram of this size (0: off).")
 
     def generation_settings(self, stop: list[str] | None, overrides: Mapping[str, Any]) -> GenerationSettings:
-        names = ("max_new_tokens", "temperature", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size")
+        names = ("max_new_tokens", "finish_sentence", "temperature", "top_p", "seed", "repetition_penalty",
+                 "no_repeat_ngram_size")
         return GenerationSettings(stop=list(stop or self.stop or []),
                                   **{name: overrides.get(name, getattr(self, name)) for name in names})
 

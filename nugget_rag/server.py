@@ -3,8 +3,9 @@
     GET  /health                     {"status": "ok", "model", "ratio", "chunks", "pending", "batches", "mean_batch"}
     GET  /metrics                    Prometheus metrics: requests and errors by status, pending requests, cancelled
                                      answers, tokens in and out, nuggets read, latency histograms
-    POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "stream"?}; k: chunks retrieved, resolution:
-                   how each is read (a name of nugget_rag.resolution.RESOLUTIONS, default "default")
+    POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "finish_sentence"?, "stream"?}; k: chunks
+                   retrieved, resolution: how each is read (a name of nugget_rag.resolution.RESOLUTIONS, default
+                   "default"), finish_sentence: tokens past max_new_tokens to end the sentence it cut (default 32)
                    stream (default): NDJSON lines {"text": piece}..., then {"sources", "usage", "finish_reason"}; a
                    failure after the first line ends the stream with {"error": {"message", "status"}}
                    otherwise: {"answer", "sources", "usage", "finish_reason"}; finish_reason as OpenAI's: "stop" (the
@@ -99,6 +100,7 @@ class AskRequest(BaseModel):
     k: int = Field(4, ge=1, le=64, description="Chunks to retrieve; `resolution` reads, skims or drops each.")
     resolution: str = Field("default", description=f"How each chunk is read: one of {', '.join(RESOLUTIONS)}.")
     max_new_tokens: int = Field(128, ge=1, le=2048)
+    finish_sentence: int = Field(32, ge=0, le=256, description="Tokens past max_new_tokens to end the sentence it cut.")
     stream: bool = True
 
     @field_validator("resolution")
@@ -408,7 +410,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         def begin() -> Iterator[dict]:
             try:
                 llm = NuggetLLM(compressor=compressor, max_new_tokens=request.max_new_tokens,
-                                batcher=batcher.for_request(slot.stop))
+                                finish_sentence=request.finish_sentence, batcher=batcher.for_request(slot.stop))
                 with index_lock:
                     docs = index.as_retriever(k=request.k).invoke(request.question)
                 chain = build_qa_chain(RunnableLambda(lambda _: docs), llm, resolution=request.resolution)
@@ -479,7 +481,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         if not questions:
             raise HTTPException(422, "the messages hold no user message with a question")
         ask_request = AskRequest(question=questions[-1], k=request.k, max_new_tokens=request.limit,
-                                 stream=request.stream)
+                                 finish_sentence=0, stream=request.stream)  # OpenAI's max_tokens is a hard limit
 
         identity = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model_name}
         if not request.stream:

@@ -253,6 +253,14 @@ def test_sample_random_draws_a_seeded_sample_of_the_split(model, data_dir):
     assert sorted(ids(limit=None, sample="random")) == sorted(every)
 
 
+def test_qa_finish_sentence_only_extends_the_answers_and_is_part_of_the_setup(model, data_dir):
+    hard = run(config(data_dir, None, tasks=["squad"], systems=["full"], limit=2), model=model)
+    soft = run(config(data_dir, None, tasks=["squad"], systems=["full"], limit=2, qa_finish_sentence=20), model=model)
+    pairs = list(zip(hard["predictions"], soft["predictions"]))
+    assert len(pairs) == 2 and all(s["output"].startswith(h["output"]) for h, s in pairs)
+    assert soft["tasks"]["squad"]["setup"]["finish_sentence"] == 20 and "finish_sentence" not in hard["tasks"]["squad"]["setup"]
+
+
 def test_resume_keeps_matching_cells_and_merges_other_tasks(model, data_dir, tmp_path, monkeypatch):
     """--resume computes only missing cells, carries other tasks' cells into one report, and recomputes a task
     whose setup changed; a run stopped after some cells leaves them saved."""

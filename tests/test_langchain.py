@@ -301,7 +301,8 @@ def test_non_finite_generation_settings_are_refused(compressor, setting):
 
 def test_usage_metadata_counts_prompt_and_nuggets_and_cache_reads():
     model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
-    llm = NuggetLLM(compressor=NuggetCompressor(model=model), max_new_tokens=5, resolution="uniform")
+    llm = NuggetLLM(compressor=NuggetCompressor(model=model), max_new_tokens=5, finish_sentence=0,
+                   resolution="uniform")
     request = {"documents": TEXTS, "question": "Which capital?"}
     k = sum(-(-len(t) // 4) for t in TEXTS)
     first = llm.invoke(request).usage_metadata

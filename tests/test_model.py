@@ -326,6 +326,32 @@ def test_repetition_settings_act_on_the_generated_text(make_model, doc_ids):
     assert [t[0] for t in penalised] == [t[0] for t in plain]  # the prompt's tokens are not penalised
 
 
+def test_finish_sentence_runs_past_the_limit_to_the_sentences_end(make_model, doc_ids, monkeypatch):
+    model = make_model()
+    with torch.no_grad():
+        (state,) = model.compress([doc_ids(DOC)])
+    script = doc_ids("It naps. It costs 3.5 euros. The end")  # the tokens the model is made to say
+    said = iter([])
+
+    def scripted(hidden):
+        logits = torch.zeros(hidden.shape[0], len(model.tokenizer))
+        logits[:, next(said)] = 1.0
+        return logits
+
+    monkeypatch.setattr(model, "logits", scripted)
+
+    def run(max_new_tokens: int, finish_sentence: int) -> str:
+        nonlocal said
+        said = iter(script)
+        settings = GenerationSettings(max_new_tokens=max_new_tokens, finish_sentence=finish_sentence)
+        return generate(model, [[state]], [doc_ids(PROMPT)], settings)[0]
+
+    assert run(11, 0) == "It naps. It"  # a hard limit cuts mid-sentence
+    assert run(11, 30) == "It naps. It costs 3.5 euros."  # a decimal point is not a sentence's end
+    assert run(11, 5) == "It naps. It cost"  # at most finish_sentence tokens more
+    assert run(8, 30) == "It naps."  # a limit at a sentence's end costs nothing more
+
+
 def test_bad_inputs_get_clear_errors(make_model, doc_ids):
     model = make_model()
     with pytest.raises(ValueError, match="at least one token"):

@@ -476,7 +476,7 @@ def test_metrics_in_prometheus_format(client):
     from prometheus_client.parser import text_string_to_metric_families
 
     client.post("/ingest", json={"documents": TEXTS})
-    client.post("/ask", json={"question": "Bread?", "max_new_tokens": 3, "stream": False})
+    client.post("/ask", json={"question": "Bread?", "max_new_tokens": 3, "finish_sentence": 0, "stream": False})
     client.post("/ask", json={"question": " "})
     response = client.get("/metrics")
     assert response.headers["content-type"].startswith("text/plain")

@@ -81,6 +81,8 @@ class EvalConfig(BaseModel):
     threads: int | None = Field(None, ge=1)
     batch_size: int = Field(4, ge=1)
     qa_max_new_tokens: int = Field(64, ge=1, description="Paper App. E: at most 64 new tokens.")
+    qa_finish_sentence: int = Field(0, ge=0, description="QA: past qa_max_new_tokens, up to this many more tokens to "
+                                    "end the sentence the limit cut (GenerationSettings.finish_sentence; 0: the paper's hard limit).")
     qa_prompt: str = Field(QA_PROMPT, description="QA instruction with a {question} placeholder (paper App. D).")
     summary_max_new_tokens: int = Field(128, ge=1)
     rag_passages: int = Field(4, ge=1, description="squad_rag: passages per question, the gold one and the "

@@ -60,6 +60,8 @@ def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
         setup["max_new_tokens"] = cfg.qa_max_new_tokens
         if cfg.qa_prompt != QA_PROMPT:
             setup["qa_prompt"] = cfg.qa_prompt
+        if cfg.qa_finish_sentence:
+            setup["finish_sentence"] = cfg.qa_finish_sentence
     elif task.kind == "summarization":
         setup["max_new_tokens"] = cfg.summary_max_new_tokens
         if task.name == "long_cnndm":

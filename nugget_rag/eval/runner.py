@@ -189,12 +189,14 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
             key = (id(w.reading.model or model), w.reading.adapter, w.reading.soft_prompt,
                    examples[w.index].query.max_new_tokens)
             groups.setdefault(key, []).append(w)
+        settings = GenerationSettings(max_new_tokens=1, temperature=0,
+                                      finish_sentence=cfg.qa_finish_sentence if task.kind == "qa" else 0)
         for (_, adapter, soft, max_new), items in groups.items():
             items.sort(key=lambda w: len(w.prefix) + len(w.prompt) + sum(s.k for s in w.reading.states or []))
             for start in range(0, len(items), cfg.batch_size):
                 batch = items[start : start + cfg.batch_size]
                 texts = generate(batch[0].reading.model or model, [w.reading.states or [] for w in batch],
-                                 [w.prompt for w in batch], GenerationSettings(max_new_tokens=max_new, temperature=0),
+                                 [w.prompt for w in batch], settings.model_copy(update={"max_new_tokens": max_new}),
                                  soft_prompt=soft, adapter=adapter, prefixes=[w.prefix for w in batch])
                 for w, text in zip(batch, texts):
                     outputs[w.index] = text
