@@ -320,6 +320,9 @@ class NuggetIndex:
             batch = docs[start : start + 64]
             for doc, found in zip(batch, self.compressor.lookup(batch)):
                 target.put(doc.page_content, found.stored)
+            if self.compressor.text_states:  # and the frozen model's, which questions read passages whole from
+                for doc, found in zip(batch, self.compressor.lookup(batch, 1.0, adapter=None)):
+                    target.put(doc.page_content, found.stored)
 
     @classmethod
     def load(

@@ -106,6 +106,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         args.ratio = manifest.get("ratio")
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
     compressor.text_states = args.text_states
+    if args.keep_ratio is not None:
+        compressor = compressor.model_copy(update={"keep_ratio": args.keep_ratio})
     written = compressor.store.stats["bytes_written"]
     options = {"show_progress": not args.quiet}
     if args.chunk_tokens is not None:
@@ -241,6 +243,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_refloor(args: argparse.Namespace) -> int:
+    from .integrations import refloor
+    from .integrations.faiss_store import NUGGETS_DIR
+
+    manifest = _manifest(args.index)
+    args.ratio = manifest.get("ratio")
+    compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+    try:
+        report = refloor(args.index, compressor, args.keep_ratio, load_embeddings(args), show_progress=not args.quiet)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if report.new_floor == report.old_floor:
+        print(f"{args.index} already keeps nuggets down to r = {report.old_floor:g}: nothing to do")
+        return 0
+    shrink = f" ({report.bytes_before / report.bytes_after:.2f}x smaller)" if report.bytes_after else ""
+    print(f"Re-floored {report.refloored} of {report.chunks} chunks in {args.index} from r = {report.old_floor:g} to "
+          f"r = {report.new_floor:g}: {report.bytes_before / 2**20:.1f} MiB -> {report.bytes_after / 2**20:.1f} MiB"
+          f"{shrink}; {report.missing} not in the store are compressed when first read")
+    return 0
+
+
 def _loopback(host: str) -> bool:
     try:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
@@ -320,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--chunk-overlap", type=int, metavar="N", help="tokens shared by neighbours (default 32)")
     ingest.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_text_states_option(ingest)
+    ingest.add_argument("--keep-ratio", type=ratio_arg, metavar="R",
+                        help="a new index's floor: nuggets kept for readings at r >= R (default 4, what the default "
+                             "policy reads; 1 keeps every position); an existing index keeps its own (see refloor)")
     ingest.add_argument("--ray", nargs="?", const="local", type=ray_address, metavar="ADDRESS",
                         help="compress on a Ray cluster (the [ray] extra): 'auto', HOST:PORT or ray://HOST:PORT; "
                              "without ADDRESS a local one. Write it after the PATHs, or as --ray=ADDRESS")
@@ -371,6 +397,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_weights_option(serve)
     add_store_option(serve)
     serve.set_defaults(func=cmd_serve)
+
+    refloor = commands.add_parser("refloor", parents=[common], help="keep fewer nuggets of each indexed chunk",
+                                  description="Cut every stored state of an index to a coarser floor: the store "
+                                              "keeps only the nuggets of readings at r >= KEEP_RATIO (the default "
+                                              "policy reads r >= 4). Stop servers on the index first.")
+    refloor.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory")
+    refloor.add_argument("--keep-ratio", type=ratio_arg, required=True, metavar="R",
+                         help="the new floor, coarser than the index's (e.g. 4, what the default policy reads)")
+    refloor.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_store_option(refloor)
+    refloor.set_defaults(func=cmd_refloor)
 
     inspect = commands.add_parser("inspect", parents=[common], help="show which tokens become nuggets",
                                   description="Highlight the tokens the Scorer keeps as nuggets (Dodo paper, Fig. 7).")

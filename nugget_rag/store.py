@@ -152,6 +152,20 @@ class NuggetStore:
             self._count("writes", len(data))
         return key
 
+    def delete(self, keys: Sequence[str]) -> None:
+        """Remove the states at `keys` from memory and from the byte store."""
+        with self._lock:
+            for key in keys:
+                old = self._memory.pop(key, None)
+                if old is not None:
+                    self._memory_bytes -= old.nbytes
+        if self.byte_store is not None and keys:
+            try:
+                self.byte_store.mdelete(list(keys))
+            except Exception as err:
+                raise StoreUnavailableError(f"could not delete {len(keys)} nugget states from {self._describe()}: "
+                                            f"{err}") from err
+
     def _get(self, key: str, fingerprint: str | None) -> NuggetState | None:
         with self._lock:
             state = self._memory.get(key)

@@ -83,6 +83,25 @@ def test_ingest_with_text_states_stores_them_and_prints_what_they_cost(capsys, c
     assert sizes[True] > 1.5 * sizes[False]  # a text state beside each chunk's nuggets
 
 
+def test_refloor_shrinks_an_index_built_at_floor_1_and_refuses_a_finer_one(capsys, corpus, tmp_path):
+    folder, jsonl = corpus
+    index_dir = tmp_path / "index"
+    assert cli.main(["ingest", str(folder), str(jsonl), "--index", str(index_dir), "--keep-ratio", "1", "-q"]) == 0
+    assert "kept down to r = 1" in capsys.readouterr().out
+
+    def stored() -> int:
+        return sum(p.stat().st_size for p in (index_dir / "nuggets").rglob("*") if p.is_file())
+
+    before = stored()
+    assert cli.main(["refloor", "--index", str(index_dir), "--keep-ratio", "4", "-q"]) == 0
+    out = capsys.readouterr().out
+    chunks = json.loads((index_dir / "index.json").read_text())["count"]
+    assert f"Re-floored {chunks} of {chunks} chunks" in out and "from r = 1 to r = 4" in out
+    assert json.loads((index_dir / "index.json").read_text())["keep_ratio"] == 4 and stored() < before / 2
+    assert cli.main(["refloor", "--index", str(index_dir), "--keep-ratio", "2"]) == 2
+    assert "keeps nuggets down to r = 4; a floor of 2 needs" in capsys.readouterr().err
+
+
 def test_ask_streams_an_answer_and_lists_sources(capsys, corpus, tmp_path, tiny_model):
     index_dir = tmp_path / "index"
     ingest(capsys, corpus, index_dir)

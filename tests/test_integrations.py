@@ -23,6 +23,7 @@ from nugget_rag.integrations import (
     chunk_id,
     load_documents,
     nugget_view,
+    refloor,
     render_html,
     render_terminal,
 )
@@ -122,6 +123,38 @@ def test_an_index_keeps_the_floor_it_was_built_with(tiny_model, tmp_path, monkey
     assert len(loaded.compressor.invoke(loaded.documents)) == len(old)  # read from the store, never recomputed
     with pytest.raises(ValueError, match=r"keeps nuggets down to r = 1, not keep_ratio=2"):
         NuggetIndex.load(tmp_path / "old", NuggetCompressor(model=tiny_model, keep_ratio=2), HashEmbeddings())
+
+
+def test_refloor_cuts_the_stored_states_and_the_answers_stay(tiny_model, tmp_path, monkeypatch):
+    """Re-flooring an index built at floor 1 to 4: the store shrinks, every reading at r >= 4 is the same nuggets
+    (so the default chain answers the same), the old states are gone and the text states stay."""
+    built = NuggetCompressor(model=tiny_model, keep_ratio=1, text_states=True)
+    old = NuggetIndex(built, HashEmbeddings(), chunk_tokens=24, chunk_overlap=4)
+    old.ingest(DOCS)
+    old.save(tmp_path / "index")
+    texts = [d.page_content for d in old.documents]
+    before = {r: built.states(texts, r) for r in (4, 10)}
+    llm = NuggetLLM(compressor=built, max_new_tokens=8)
+    question = "How fast does a falcon dive?"
+    answer = build_qa_chain(old, llm, k=2).invoke(question).content
+    files = sorted(p.name for p in (tmp_path / "index" / "nuggets").rglob("*") if p.is_file())
+
+    report = refloor(tmp_path / "index", NuggetCompressor(model=tiny_model), 4, HashEmbeddings())
+    assert (report.old_floor, report.new_floor, report.refloored, report.missing) == (1, 4, len(texts), 0)
+    assert 2 * report.bytes_after < report.bytes_before  # the tiny states are mostly header
+    left = sorted(p.name for p in (tmp_path / "index" / "nuggets").rglob("*") if p.is_file())
+    assert len(left) == len(files) and not set(left) & {built.store.key(t, built.fingerprint) for t in texts}
+
+    forbid_compress(monkeypatch, tiny_model)  # every reading below comes from the store
+    index = NuggetIndex.load(tmp_path / "index", NuggetCompressor(model=tiny_model), HashEmbeddings())
+    assert index.compressor.keep_ratio == 4
+    for r, states in before.items():
+        for a, b in zip(states, index.compressor.states(texts, r)):
+            assert torch.equal(a.positions, b.positions) and torch.equal(a.keys, b.keys)
+    again = build_qa_chain(index, llm.model_copy(update={"compressor": index.compressor}), k=2).invoke(question)
+    assert again.content == answer
+    with pytest.raises(ValueError, match=r"keeps nuggets down to r = 4; a floor of 2 needs"):
+        refloor(tmp_path / "index", NuggetCompressor(model=tiny_model), 2, HashEmbeddings())
 
 
 @pytest.mark.parametrize("question, source", [
