@@ -62,10 +62,10 @@ class IngestJob(BaseModel):
     def active(self) -> bool:
         return self.status in ("queued", "running")
 
-    def interrupted(self, why: str) -> IngestJob:
-        """This job, reported as stopped with its server: what it had ingested stays."""
+    def interrupted(self, why: str, at: float) -> IngestJob:
+        """This job, reported as stopped with its server at `at`: what it had ingested stays."""
         return self.model_copy(update={
-            "status": "interrupted", "finished": self.finished or time.time(),
+            "status": "interrupted", "finished": at,
             "error": f"{why} before the job ended: {self.done} of {self.documents} documents were ingested ("
                      f"{self.added} new chunks); send the rest again"})
 
@@ -79,8 +79,6 @@ class JobRecords:
         self._hash = f"{store.redis.namespace}:ingest-jobs" if store.redis is not None else ""
         directory = isinstance(store.byte_store, DirectoryByteStore) and self._redis is None
         self._folder = store.byte_store.directory / JOBS_FOLDER if directory else None
-        if self._folder is not None:
-            self._folder.mkdir(exist_ok=True)
         self._memory: dict[str, str] = {}  # where there is neither
 
     def put(self, job: IngestJob) -> None:
@@ -88,6 +86,7 @@ class JobRecords:
         if self._redis is not None:
             self._redis.hset(self._hash, job.id, data)
         elif self._folder is not None:
+            self._folder.mkdir(exist_ok=True)
             write_atomic(self._folder / f"{job.id}.json", data)
         else:
             self._memory[job.id] = data
@@ -98,8 +97,10 @@ class JobRecords:
         if self._redis is not None:
             data = self._redis.hget(self._hash, job_id)
         elif self._folder is not None:
-            path = self._folder / f"{job_id}.json"
-            data = path.read_bytes() if path.is_file() else None
+            try:
+                data = (self._folder / f"{job_id}.json").read_bytes()
+            except FileNotFoundError:
+                data = None
         else:
             data = self._memory.get(job_id)
         return None if data is None else self._parse(job_id, data)
@@ -109,7 +110,12 @@ class JobRecords:
         if self._redis is not None:
             found = {key.decode(): data for key, data in self._redis.hgetall(self._hash).items()}
         elif self._folder is not None:
-            found = {path.stem: path.read_bytes() for path in self._folder.glob("ingest-*.json")}
+            found = {}
+            for path in self._folder.glob("ingest-*.json"):
+                try:
+                    found[path.stem] = path.read_bytes()
+                except FileNotFoundError:  # deleted meanwhile (another server keeps KEPT_JOBS too)
+                    continue
         else:
             found = dict(self._memory)
         jobs = [self._parse(job_id, data) for job_id, data in found.items()]
@@ -148,7 +154,7 @@ class IngestJobs:
         self.lock = threading.Lock()  # held to change a job and write its record
         self.todo: queue.Queue[tuple[IngestJob, list[Document]]] = queue.Queue()
         self.closed = threading.Event()
-        self.threads: list[threading.Thread] = []
+        self.started = False  # its threads: the worker and the heartbeat
 
     @property
     def active(self) -> int:
@@ -167,11 +173,10 @@ class IngestJobs:
             self.running[job.id] = job
             finished = [j.id for j in self._reported(self.records.all()) if not j.active]
             self.records.delete(finished[:max(0, len(finished) - KEPT_JOBS)])
-            if not self.threads:
-                self.threads = [threading.Thread(target=self._work, name="ingest-jobs", daemon=True),
-                                threading.Thread(target=self._beat, name="ingest-jobs-heartbeat", daemon=True)]
-                for thread in self.threads:
-                    thread.start()
+            if not self.started:
+                threading.Thread(target=self._work, name="ingest-jobs", daemon=True).start()
+                threading.Thread(target=self._beat, name="ingest-jobs-heartbeat", daemon=True).start()
+                self.started = True
             self.todo.put((job, documents))
             return job.model_copy()
 
@@ -205,7 +210,7 @@ class IngestJobs:
         with self.lock:
             self.closed.set()
             for job in list(self.running.values()):
-                stopped = job.interrupted("the server stopped")
+                stopped = job.interrupted("the server stopped", time.time())
                 job.status, job.error, job.finished = stopped.status, stopped.error, stopped.finished
                 self._finish(job)
 
@@ -216,9 +221,9 @@ class IngestJobs:
         for job in jobs:
             if job.id in self.running:
                 job = self.running[job.id].model_copy()
-            elif job.active and now - (job.heartbeat or job.created) > STALE_S:
-                job = job.interrupted(f"its server {job.server} stopped (last heard from "
-                                      f"{now - (job.heartbeat or job.created):.0f} s ago)")
+            elif job.active and now - (heard := job.heartbeat or job.created) > STALE_S:
+                job = job.interrupted(f"its server {job.server} stopped (last heard from {now - heard:.0f} s ago)",
+                                      heard)
             out.append(job)
         return out
 
