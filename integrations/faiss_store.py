@@ -42,6 +42,7 @@ from langchain_core.runnables import Runnable, RunnablePassthrough
 from tqdm.auto import tqdm
 
 from nugget_rag.base_model import quiet_loading
+from nugget_rag.cancellation import check
 from nugget_rag.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.files import fsync_directory, write_atomic
@@ -62,6 +63,7 @@ MANIFEST_FILE = "index.json"
 LEGACY_FILES = {"faiss": {"name": "index.faiss"}, "docstore": {"name": "docstore.json"}}
 NUGGETS_DIR = "nuggets"
 LOCK_FILE = "index.lock"  # held by NuggetIndex.updating
+LOCK_POLL_S = 0.5  # how often a wait for another process's update checks whether its request was cancelled
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
@@ -234,6 +236,7 @@ class NuggetIndex:
         tokens, started = 0, time.perf_counter()
         try:
             for start in range(0, len(todo), self.batch_size):
+                check()  # a cancelled request stops here (cancellation.py): every batch added so far is whole
                 batch = todo[start : start + self.batch_size]
                 compressed = self.compressor.invoke(batch)
                 vectors = self.embeddings.embed_documents([d.page_content for d in compressed])
@@ -449,7 +452,12 @@ class NuggetIndex:
             lock.acquire(timeout=0)
         except Timeout:
             log.warning("another process is updating the index in %s; waiting for it to finish", directory)
-            lock.acquire()
+            while not lock.is_locked:  # a cancelled request (cancellation.py) stops waiting
+                check()
+                try:
+                    lock.acquire(timeout=LOCK_POLL_S)
+                except Timeout:
+                    pass
         try:
             index = cls.open(directory, compressor, embeddings, **kwargs)
             yield index

@@ -2,12 +2,14 @@
 decoded as one batch, one forward pass per step for all of them. A batch takes the requests that arrive within
 `wait_s`, and, while the previous batch of those settings still decodes, every request that arrives until it ends.
 Decoding a small model is bound by reading its weights, so a batch of 8 costs little more per step than one.
-A row whose request is cancelled (its consumer stopped reading, or `for_request`'s `stop` says so) leaves its batch at
-the next step: the batch's later forward passes no longer include it, as they no longer include a finished row. A
-batch whose rows have all left stops."""
+A row whose request is cancelled (its consumer stopped reading, or the stop of `for_request`, or of the `cancellable`
+block it was submitted in, says so: cancellation.py) leaves its batch at the next step: the batch's later forward
+passes no longer include it, as they no longer include a finished row. A batch whose rows have all left stops. The
+batch's own thread starts with no `cancellable` block: one request's stop never stops the others'."""
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import queue
 import threading
@@ -15,16 +17,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from .cancellation import RequestCancelled, current_stop
 from .config import DECODER
 from .generation import GenerationSettings, RowSteps, generation_steps
 from .model import NuggetModel
 from .state import NuggetState
 
 _END = object()
-
-
-class RequestCancelled(Exception):
-    """The row left its batch before its answer ended: its request was cancelled."""
 
 
 @dataclass(eq=False)
@@ -79,7 +78,7 @@ class BatchedGenerator:
 
     def stream(self, states: Sequence[NuggetState], prompt: Sequence[int], settings: GenerationSettings,
                prefix: Sequence[int] | None = None, adapter: str | None = DECODER) -> RowSteps:
-        row = _Row(list(states), list(prompt), prefix, self._stop)
+        row = _Row(list(states), list(prompt), prefix, self._stop or current_stop())
         # a seeded sample is reproducible only alone: its random stream would be shared by the batch
         key = (adapter, settings.model_dump_json()) if settings.seed is None else (id(row),)
         with self._lock:
@@ -87,7 +86,9 @@ class BatchedGenerator:
             if batch is None:
                 batch = self._open[key] = _Batch(settings, adapter)
                 turn = self._turns.setdefault(key, threading.Lock()) if settings.seed is None else threading.Lock()
-                threading.Thread(target=self._run, args=(key, batch, turn), daemon=True).start()
+                # in a context of its own: a generation step's cancellation check sees no request's stop
+                threading.Thread(target=contextvars.Context().run, args=(self._run, key, batch, turn),
+                                 daemon=True).start()
             batch.rows.append(row)
             if len(batch.rows) >= self.max_batch:
                 del self._open[key]

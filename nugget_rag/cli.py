@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, metavar="N",
                        help="largest request body (default 1 MiB)")
     serve.add_argument("--request-timeout", type=positive_float, default=600, metavar="SECONDS",
-                       help="an answer still decoding after this long is cut off (default 600)")
+                       help="a request still under way after this long stops: 504 (default 600)")
     serve.add_argument("--max-ingest-documents", type=positive_int, default=100, metavar="N",
                        help="documents one /ingest or /compress request takes at most (413 beyond; larger ingests: "
                             "POST /ingest/jobs, in the background; default 100)")

@@ -16,6 +16,7 @@ from langchain_core.stores import BaseStore
 from pydantic import ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
+from .cancellation import check
 from .checkpoint_files import DEFAULT_CHECKPOINT
 from .config import ENCODER, PROBE_RATIO, NuggetConfig
 from .model import NuggetModel
@@ -208,12 +209,14 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         return None
 
     def _compress(self, texts: list[str], floor: float, adapter: str | None) -> dict[str, NuggetState]:
-        """Compress `texts` into ranked states with `floor`, store them and return them by text."""
+        """Compress `texts` into ranked states with `floor`, store them and return them by text; inside a
+        `cancellable` block (cancellation.py), each batch first checks it."""
         tokenized = {text: self.model.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts}
         texts = sorted(texts, key=lambda text: len(tokenized[text]))  # similar lengths share a batch: less padding
         out = {}
         batches = range(0, len(texts), self.batch_size)
         for start in tqdm(batches, desc="compressing", unit="batch", disable=not self.show_progress or not texts):
+            check()  # a cancelled request stops here: every state stored so far is whole
             chunk = texts[start : start + self.batch_size]
             with torch.inference_mode():
                 states = self.model.compress([tokenized[t] for t in chunk], ratio=floor, adapter=adapter,

@@ -17,6 +17,7 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
+from .cancellation import check
 from .config import DECODER, Decoding
 from .layout import NuggetLayout, decoder_positions
 from .model import NuggetModel
@@ -173,7 +174,8 @@ def generation_steps(
 
     A finished row leaves the batch: later steps decode only the others. So does a row whose index the caller has
     put in `leave` (its request was cancelled) by the time it asks for the next step; its text is '' from then on.
-    The steps end once no row is left to decode.
+    The steps end once no row is left to decode. Inside a `cancellable` block (cancellation.py), each step first
+    checks it: a cancelled request's steps end with RequestCancelled.
     """
     settings = settings or GenerationSettings()
     if len(samples) != len(prompts):
@@ -206,6 +208,7 @@ def generation_steps(
                                 compiled=model.decoding == "compiled")
     active = list(range(len(prompts)))  # the rows in the batch, by their index among the prompts
     for step in range(steps):
+        check()
         # The model is shared: `run` holds it for one step, never across a yield, so that other calls (another
         # stream, a compression) interleave with a paused stream instead of waiting for it. The KV cache is ours.
         if static is not None:

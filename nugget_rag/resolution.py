@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .cancellation import check
 from .config import DECODER, ENCODER, PROBE_RATIO, NuggetConfig, nugget_count
 from .text import words
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from langchain_core.documents import Document
 
     from .compressor import Compressed, NuggetCompressor
+    from .model import NuggetModel
+    from .state import NuggetState
 
 PROBE_INSTRUCTION = "Please write a question about the passage above."
 
@@ -208,12 +211,14 @@ class LexicalRerank(ResolutionPolicy):
 class QueryLikelihood(ResolutionPolicy):
     """Mean log-probability of the question's tokens given each document, read from the store at `probe_ratio`
     (training-free; the question-likelihood reranking of UPR, Sachan et al., 2022): one pass over the question's
-    tokens per document, against its cached key/values."""
+    tokens per document, against its cached key/values, `probe_batch` documents a forward pass (a cancelled request,
+cancellation.py, stops between passes)."""
 
     label: ClassVar[str] = "question likelihood"
     probe_ratio: float = Field(PROBE_RATIO, description="Ratio the documents are read at to score them.")
     probe_reading: Literal["text", "nuggets"] = Field(
         "nuggets", description="Read as the encoder's nuggets by the decoder, or as text by the frozen model.")
+    probe_batch: int = Field(16, ge=1, description="Documents scored in one forward pass.")
 
     def relevance(self, question, texts, compressor):
         model = compressor.model
@@ -223,6 +228,16 @@ class QueryLikelihood(ResolutionPolicy):
         asked = model.tokenizer(question, add_special_tokens=False)["input_ids"]
         if not asked:
             raise ValueError("QueryLikelihood needs a question to score the documents with; got an empty one")
+        scores = []
+        for start in range(0, len(states), self.probe_batch):
+            check()
+            scores += self._likelihood(model, states[start : start + self.probe_batch], after, asked, adapter)
+        return scores
+
+    @staticmethod
+    def _likelihood(model: NuggetModel, states: Sequence[NuggetState], after: list[int], asked: list[int],
+                    adapter: str | None) -> list[float]:
+        """The mean log-probability of the `asked` tokens after each state and the `after` prompt: one pass."""
         ids = torch.tensor([after + asked] * len(states), device=model.device)
         labels = torch.full_like(ids, -100)
         labels[:, len(after) :] = ids[:, len(after) :]

@@ -2,7 +2,7 @@
 
     GET  /health                     {"status": "ok", "model", "ratio", "chunks", "pending", "batches", "mean_batch"}
     GET  /metrics                    Prometheus metrics: requests and errors by status, pending requests, cancelled
-                                     answers, tokens in and out, nuggets read, latency histograms
+                                     requests, tokens in and out, nuggets read, latency histograms
     POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "finish_sentence"?, "stream"?}; k: chunks
                    retrieved, resolution: how each is read (a name of nugget_rag.resolution.RESOLUTIONS, default
                    "default"), finish_sentence: tokens past max_new_tokens to end the sentence it cut (default 32)
@@ -17,23 +17,28 @@
                    `max_ingest_documents` documents (and on /compress): more get 413, naming the limit
     POST /ingest/jobs   the same body -> 202 {"id", "status": "queued", ...}, Location: /ingest/jobs/{id}: the
                    documents are ingested in the background, one job at a time, JOB_PART documents per step, each
-                   step published to questions as it lands
-    GET  /ingest/jobs/{id}   {"id", "status": queued | running | done | failed | cancelled, "documents", "done"
-                   (documents ingested so far), "added" (new chunks so far), "error", "created", "finished"}
-    GET  /ingest/jobs        every job the server remembers (the last KEPT_JOBS), oldest first
-    DELETE /ingest/jobs/{id} cancel a job: it stops after its current step (what it added stays)
+                   step published to questions as it lands (ingest_jobs.py)
+    GET  /ingest/jobs/{id}   {"id", "status": queued | running | done | failed | cancelled | interrupted,
+                   "documents", "done" (documents ingested so far), "added" (new chunks so far), "error", "created",
+                   "finished", "server" (host:pid running it), "heartbeat"}
+    GET  /ingest/jobs        every job recorded in the nugget store (the last KEPT_JOBS finished), oldest first
+    DELETE /ingest/jobs/{id} cancel a job of this server: it stops at its next batch (the steps it finished stay);
+                   409 for a job another server runs
     GET  /v1/models             the served model, in OpenAI's format
     POST /v1/chat/completions   OpenAI's chat format (messages, max_tokens, stream as server-sent events): the last
                    user message is the question, answered from the retrieved chunks; the answer names its sources.
                    A failure after the first event ends the stream with a `data: {"error": {...}}` event
 
-Jobs live in the server's memory: a restart forgets them (sending the documents again computes only the states not
-in the store yet). More than MAX_JOBS jobs queued or running get 503.
+Job records live in the nugget store, so a restarted server, or another one over the store, reports them; a job
+whose server stopped is "interrupted" (its documents were in that server's memory: send the rest again, which
+computes only the states not stored yet). More than MAX_JOBS jobs queued or running on one server get 503.
 Requests beyond `max_pending` in flight get 503; bodies over `max_body_bytes` get 413; malformed or incomplete JSON
 gets 422, and so does text that is not valid Unicode (a lone surrogate), naming its field. Whatever refuses a
 request does so before a streamed answer's first byte: its first piece is decoded before the response starts.
-Answers to concurrent requests are decoded in shared batches of up to `max_batch` (batching.py); an answer whose
-client disconnects, or that runs past `request_timeout_s`, leaves its batch at the next token and frees its slot.
+Answers to concurrent requests are decoded in shared batches of up to `max_batch` (batching.py). A request whose
+client disconnects, or that runs past `request_timeout_s` (504), frees its slot at once and stops at its next
+step (cancellation.py): retrieval, each probe pass, each batch compressed or ingested, each decoded token (its row
+leaves its batch). A stopped /ingest leaves the index as it was; the states stored before it stopped stay.
 With an `api_key`, every path but /health needs `Authorization: Bearer <key>` (401 otherwise). Needs the [serve]
 and [retrieval] extras.
 """
@@ -43,13 +48,11 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
-import queue
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -63,7 +66,9 @@ from langchain_core.runnables import RunnableLambda
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .batching import BatchedGenerator, RequestCancelled
+from .batching import BatchedGenerator
+from .cancellation import RequestCancelled, cancellable, check
+from .ingest_jobs import IngestJob, IngestJobs, JobRecords
 from .llm import NuggetLLM
 from .resolution import RESOLUTIONS
 from .server_middleware import ApiKey, BodyLimit, Metrics
@@ -71,10 +76,6 @@ from .server_middleware import ApiKey, BodyLimit, Metrics
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-JOB_PART = 32  # documents an ingest job adds, and publishes, per step
-MAX_JOBS = 16  # ingest jobs queued or running at once
-KEPT_JOBS = 100  # finished jobs whose status stays readable
-JOB_NICE = 10  # how much nicer than the server the thread that runs ingest jobs is (Linux)
 
 
 def _check_unicode(where: str, text: str) -> None:
@@ -169,102 +170,8 @@ class DocumentsRequest(BaseModel):
         return [d if isinstance(d, Document) else Document(page_content=d) for d in self.documents]
 
 
-class IngestJob(BaseModel):
-    """A background ingest (POST /ingest/jobs) and its progress."""
-
-    id: str
-    status: Literal["queued", "running", "done", "failed", "cancelled"] = "queued"
-    documents: int
-    done: int = Field(0, description="Documents ingested so far: questions read their chunks.")
-    added: int = Field(0, description="New chunks so far.")
-    error: str | None = None
-    created: float = Field(default_factory=time.time)
-    finished: float | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.status in ("queued", "running")
-
-
-class _Jobs:
-    """Ingest jobs, run one at a time by a worker thread (started with the first) through `ingest(documents)`."""
-
-    def __init__(self, ingest: Callable[[list[Document]], int]):
-        self.ingest = ingest
-        self.jobs: dict[str, IngestJob] = {}  # oldest first
-        self.lock = threading.Lock()
-        self.todo: queue.Queue[tuple[IngestJob, list[Document]]] = queue.Queue()
-        self.worker: threading.Thread | None = None
-
-    @property
-    def active(self) -> int:
-        with self.lock:
-            return sum(job.active for job in self.jobs.values())
-
-    def submit(self, documents: list[Document]) -> IngestJob:
-        with self.lock:
-            if sum(job.active for job in self.jobs.values()) >= MAX_JOBS:
-                raise HTTPException(503, f"{MAX_JOBS} ingest jobs are queued or running; retry once one is done")
-            job = IngestJob(id=f"ingest-{uuid.uuid4().hex}", documents=len(documents))
-            self.jobs[job.id] = job
-            finished = [i for i, j in self.jobs.items() if not j.active]
-            for old in finished[:max(0, len(finished) - KEPT_JOBS)]:
-                del self.jobs[old]
-            if self.worker is None:
-                self.worker = threading.Thread(target=self._work, name="ingest-jobs", daemon=True)
-                self.worker.start()
-            self.todo.put((job, documents))
-            return job.model_copy()
-
-    def get(self, job_id: str) -> IngestJob:
-        with self.lock:
-            return self._find(job_id).model_copy()
-
-    def listed(self) -> list[IngestJob]:
-        with self.lock:
-            return [job.model_copy() for job in self.jobs.values()]
-
-    def cancel(self, job_id: str) -> IngestJob:
-        with self.lock:
-            job = self._find(job_id)
-            if job.active:
-                job.status, job.finished = "cancelled", time.time()
-            return job.model_copy()
-
-    def _find(self, job_id: str) -> IngestJob:
-        if job_id not in self.jobs:
-            raise HTTPException(404, f"no ingest job {job_id!r} (a finished job is kept until {KEPT_JOBS} more have "
-                                     "finished, and until the server restarts)")
-        return self.jobs[job_id]
-
-    def _work(self) -> None:
-        if sys.platform == "linux":  # questions first: this thread, and the threads it starts, at a lower CPU priority
-            thread = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + JOB_NICE))
-        while True:
-            job, documents = self.todo.get()
-            with self.lock:
-                if job.status != "queued":  # cancelled while it waited
-                    continue
-                job.status = "running"
-            try:
-                for start in range(0, len(documents), JOB_PART):
-                    if job.status == "cancelled":
-                        break
-                    added = self.ingest(documents[start:start + JOB_PART])
-                    with self.lock:
-                        job.done, job.added = min(start + JOB_PART, len(documents)), job.added + added
-                outcome, error = "done", None
-            except Exception as err:  # the job fails, the server goes on
-                log.error("ingest job %s failed", job.id, exc_info=err)
-                outcome, error = "failed", f"{type(err).__name__}: {err}"
-            with self.lock:
-                if job.status == "running":
-                    job.status, job.error, job.finished = outcome, error, time.time()
-
-
 class _Slots:
-    """Requests in flight, at most `limit`; an answer's slot also holds its deadline."""
+    """Requests in flight, at most `limit`; each slot also holds its request's deadline."""
 
     def __init__(self, limit: int, timeout_s: float, metrics: Metrics):
         self.limit, self.timeout_s, self.metrics = limit, timeout_s, metrics
@@ -290,8 +197,18 @@ class _Slot:
         self._freed = False
 
     def stop(self) -> bool:
-        """Whether its answer must stop: its client left, or it ran past its deadline."""
+        """Whether its request's work must stop: its client left, or it ran past its deadline."""
         return self._gone.is_set() or time.monotonic() > self.deadline
+
+    def run(self, work: Callable[[], T]) -> T:
+        """`work()`, the slot freed when it ends (work that checks `stop` raises RequestCancelled once it stops)."""
+        try:
+            return work()
+        except RequestCancelled:
+            self.free("deadline")  # (a client that left has freed it already)
+            raise
+        finally:
+            self.free()
 
     def free(self, cancelled: str | None = None) -> None:
         """Free the slot (once); `cancelled`: why its answer was cut off, for the metrics."""
@@ -304,7 +221,8 @@ class _Slot:
             self._slots.metrics.cancelled.labels(cancelled).inc()
 
     def disconnect(self) -> None:
-        """Its client left: its answer leaves its batch at the next token, and the slot is free now."""
+        """Its client left: its work stops at its next step (an answer leaves its batch at the next token), and the
+        slot is free now."""
         self._gone.set()
         self.free("disconnect")
 
@@ -314,8 +232,8 @@ class ClientGone(Exception):
 
 
 async def watched(http: Request, slot: _Slot, work: Callable[[], T]) -> T:
-    """`work()`, run in a thread; a client that disconnects meanwhile cancels the slot's answer (its decoding stops at
-    the next token) and raises ClientGone at once."""
+    """`work()`, run in a thread; a client that disconnects meanwhile stops the slot (its work stops at its next step)
+    and raises ClientGone at once."""
     outcome = {}
     async with anyio.create_task_group() as group:
         async def run():
@@ -356,12 +274,17 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                api_key: str | None = None, max_ingest_documents: int = 100):
     """The server (an ASGI app) over a loaded `NuggetIndex` (its compressor, store and FAISS index); `index_dir`:
     the index's directory, which /ingest updates as `nugget-rag ingest` does (None: the index stays in memory);
-    `request_timeout_s`: an answer still decoding after this long is cut off (504); `api_key`: the key every path
+    `request_timeout_s`: a request still under way after this long stops at its next step (504); `api_key`: the key every path
     but /health needs (None: none); `max_ingest_documents`: the most documents one /ingest or /compress request
     takes (more: 413; POST /ingest/jobs takes more, in the background)."""
     from .integrations import NuggetIndex, build_qa_chain
 
-    app = FastAPI(title="nugget-rag", description=__doc__.split("\n\n")[0])
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        jobs.close()  # its jobs under way are recorded as interrupted
+
+    app = FastAPI(title="nugget-rag", description=__doc__.split("\n\n")[0], lifespan=lifespan)
     compressor = index.compressor
     model_name = compressor.model.base_name
     started = int(time.time())
@@ -376,7 +299,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         if isinstance(err, HTTPException):
             return err.status_code, str(err.detail)
         if isinstance(err, RequestCancelled):
-            return 504, f"the answer ran past the server's {request_timeout_s:g} s limit (--request-timeout)"
+            return 504, f"the request ran past the server's {request_timeout_s:g} s limit (--request-timeout)"
         if isinstance(err, ValueError):
             return 422, str(err)
         log.error("an answer failed after its stream started", exc_info=err)
@@ -408,18 +331,25 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         slot = slots.admit()
 
         def begin() -> Iterator[dict]:
+            """Retrieval, the reading plan (its probe) and the first piece, each stopping at its next step once the
+            slot stops (the answer's batch then drops it); the slot is freed here if they fail, else when the answer's
+            pieces end."""
             try:
-                llm = NuggetLLM(compressor=compressor, max_new_tokens=request.max_new_tokens,
-                                finish_sentence=request.finish_sentence, batcher=batcher.for_request(slot.stop))
-                with index_lock:
-                    docs = index.as_retriever(k=request.k).invoke(request.question)
-                chain = build_qa_chain(RunnableLambda(lambda _: docs), llm, resolution=request.resolution)
-                pieces = decode(chain, request.question, slot)
-                first = next(pieces)
+                with cancellable(slot.stop):
+                    llm = NuggetLLM(compressor=compressor, max_new_tokens=request.max_new_tokens,
+                                    finish_sentence=request.finish_sentence, batcher=batcher)
+                    with index_lock:
+                        docs = index.as_retriever(k=request.k).invoke(request.question)
+                    check()
+                    chain = build_qa_chain(RunnableLambda(lambda _: docs), llm, resolution=request.resolution)
+                    pieces = decode(chain, request.question, slot)
+                    return itertools.chain([next(pieces)], pieces)
+            except RequestCancelled:
+                slot.free("deadline")  # (a client that left has freed it already)
+                raise
             except BaseException:
                 slot.free()
                 raise
-            return itertools.chain([first], pieces)
 
         return slot, await watched(http, slot, begin)
 
@@ -522,47 +452,50 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         return request.as_documents()
 
     @app.post("/compress")
-    def compress(request: DocumentsRequest) -> dict:
+    async def compress(request: DocumentsRequest, http: Request) -> dict:
         docs = bounded(request, "send them in parts")
         slot = slots.admit()
-        try:
-            out = iter(compressor.invoke([d for d in docs if d.page_content.strip()]))
-        finally:
-            slot.free()
+        kept = [d for d in docs if d.page_content.strip()]
+
+        def compressed() -> list[Document]:
+            with cancellable(slot.stop):  # each batch stored whole: what was stored stays
+                return compressor.invoke(kept)
+
+        out = iter(await watched(http, slot, lambda: slot.run(compressed)))
         return {"documents": [{"metadata": next(out).metadata} if d.page_content.strip()
                               else {"skipped": "the document is empty or whitespace: it has no nuggets"}
                               for d in docs]}
 
-    def add_documents(docs: list[Document]) -> int:
+    def add_documents(docs: list[Document], stop: Callable[[], bool]) -> int:
         """Ingest `docs`, questions going on meanwhile: they are compressed, embedded and saved outside the index's
         lock, which is held only to publish the result (or, for an index kept in memory, to add the embedded
-        chunks). Returns the number of new chunks."""
+        chunks). Returns the number of new chunks. Once `stop()` is true the ingest stops at its next step and
+        raises RequestCancelled, the index as it was (states stored meanwhile stay in the store)."""
         nonlocal index, published
         if index_dir is None:
-            compressor.invoke(index.split(docs))  # into the store, where index.ingest then finds them
+            with cancellable(stop):
+                compressor.invoke(index.split(docs))  # into the store, where index.ingest then finds them
             with index_lock:
                 return index.ingest(docs)
         # a copy read under the directory's lock, from what is saved there: another process's updates stay
         settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
                     "batch_size": index.batch_size}
         with NuggetIndex.updating(index_dir, compressor, index.embeddings, **settings) as updated:
-            added = updated.ingest(docs)
+            with cancellable(stop):  # cancelled, the copy is not saved
+                added = updated.ingest(docs)
             version = next(versions)  # in the directory lock's order
         with index_lock:
             if version > published:  # never over a later ingest's copy
                 index, published = updated, version
         return added
 
-    jobs = _Jobs(add_documents)
+    jobs = IngestJobs(add_documents, JobRecords(compressor.store))
 
     @app.post("/ingest")
-    def ingest(request: DocumentsRequest) -> dict:
+    async def ingest(request: DocumentsRequest, http: Request) -> dict:
         docs = bounded(request, "send them in parts, or as a background job (POST /ingest/jobs)")
         slot = slots.admit()
-        try:
-            added = add_documents(docs)
-        finally:
-            slot.free()
+        added = await watched(http, slot, lambda: slot.run(lambda: add_documents(docs, slot.stop)))
         return {"added": added, "chunks": len(index)}
 
     @app.post("/ingest/jobs", status_code=202)

@@ -86,7 +86,7 @@ class Metrics:
               "--max-pending)", registry=registry).set_function(pending)
         Gauge("nugget_rag_ingest_jobs", "Ingest jobs queued or running (POST /ingest/jobs)",
               registry=registry).set_function(jobs)
-        self.cancelled = Counter("nugget_rag_cancelled_requests", "Answers cut off before their end, by reason: "
+        self.cancelled = Counter("nugget_rag_cancelled_requests", "Requests stopped before their end, by reason: "
                                  "disconnect (the client left) or deadline (--request-timeout)", ["reason"],
                                  registry=registry)
         self.tokens = Counter("nugget_rag_tokens", "Tokens of finished answers: in (prompt and nuggets read) and "

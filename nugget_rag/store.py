@@ -21,7 +21,6 @@ from .state import CorruptStateError, NuggetState
 logger = logging.getLogger(__name__)
 
 _KEY = re.compile(r"[0-9a-f][0-9a-f._-]*")
-_TMP_MARK = "~"  # never in a valid key, so temp files are never mistaken for entries
 
 
 class DirectoryByteStore(ByteStore):
@@ -48,7 +47,7 @@ class DirectoryByteStore(ByteStore):
         for key, value in key_value_pairs:
             path = self._path(key)
             path.parent.mkdir(exist_ok=True)
-            write_atomic(path, value)  # its temporary name holds _TMP_MARK
+            write_atomic(path, value)  # its temporary name holds "~", never in a key
 
     def mdelete(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -60,7 +59,8 @@ class DirectoryByteStore(ByteStore):
             if not (shard.is_dir() and shard.name.startswith(prefix[:2])):
                 continue
             for entry in sorted(shard.iterdir()):
-                if _TMP_MARK not in entry.name and entry.name.startswith(prefix):
+                # only keys: not a temporary file, nor what else the directory holds (ingest_jobs.py's jobs/)
+                if _KEY.fullmatch(entry.name) and entry.name.startswith(prefix):
                     yield entry.name
 
     def _path(self, key: str) -> Path:

@@ -131,3 +131,34 @@ def test_a_foreign_value_under_a_state_key_is_corrupt_recomputed_and_overwritten
         compressor.invoke(TEXTS[:1])
     assert store.stats["corrupt"] == 1 and "corrupt" in caplog.text
     assert NuggetStore.from_redis(server.url).get_by_key(key) is not None
+
+
+def test_ingest_jobs_are_recorded_in_redis_for_every_server_over_it(server):
+    pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
+    from fastapi.testclient import TestClient
+    from test_integrations import HashEmbeddings
+
+    from nugget_rag.ingest_jobs import IngestJob, JobRecords
+    from nugget_rag.integrations import NuggetIndex
+    from nugget_rag.server import create_app
+
+    def serve() -> TestClient:  # a server of its own over the shared store, as a restarted one or another host's
+        store = NuggetStore.from_redis(server.url)
+        return TestClient(create_app(NuggetIndex(tiny_compressor(store), HashEmbeddings(), chunk_overlap=0), None))
+
+    with serve() as first:
+        job_id = first.post("/ingest/jobs", json={"documents": TEXTS}).json()["id"]
+        for _ in range(600):
+            if first.get(f"/ingest/jobs/{job_id}").json()["status"] == "done":
+                break
+            time.sleep(0.05)
+    store = NuggetStore.from_redis(server.url)
+    silent = IngestJob(id=f"ingest-{'cd' * 16}", status="running", documents=9, done=3, added=3,
+                       server="elsewhere:7", heartbeat=time.time() - 60)
+    JobRecords(store).put(silent)
+    with serve() as restarted:
+        jobs = restarted.get("/ingest/jobs").json()["jobs"]
+    assert [(j["id"], j["status"], j["added"]) for j in jobs] == [(job_id, "done", 6), (silent.id, "interrupted", 3)]
+    assert "elsewhere:7 stopped" in jobs[1]["error"]
+    assert redis.Redis.from_url(server.url).hlen("nugget-rag:ingest-jobs") == 2
+    assert sorted(len(key) for key in store.byte_store.yield_keys()) == [64] * 6  # the states only

@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -25,7 +25,9 @@ from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching, generation  # noqa: E402
 from nugget_rag.generation import eos_ids  # noqa: E402
+from nugget_rag.ingest_jobs import IngestJob, JobRecords  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
+from nugget_rag.resolution import QueryLikelihood  # noqa: E402
 from nugget_rag.server import create_app  # noqa: E402
 
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
@@ -542,3 +544,151 @@ def test_ask_url_sends_the_key_from_the_environment(index, monkeypatch, capsys):
         assert cli.main([*ask, "--url", url]) == 2 and "answered 401" in capsys.readouterr().err
         monkeypatch.setenv("NUGGET_RAG_API_KEY", KEY)
         assert cli.main([*ask, "--url", url]) == 0 and "Sources:" in capsys.readouterr().out
+
+
+PROBE_PASS_S = 0.5  # CPU each probe pass burns under `slow_probe`
+PASSAGES = [f"Passage {i}: the mill grinds {i} sacks." for i in range(64)]  # one chunk each: 4 probe passes at k=64
+
+
+@pytest.fixture
+def slow_probe(monkeypatch):
+    """Each pass of the probe (QueryLikelihood, 16 passages a pass) first burns PROBE_PASS_S of CPU: the times the
+    passes started."""
+    passes, real = [], QueryLikelihood._likelihood
+
+    def slow(*args):
+        passes.append(time.monotonic())
+        start = time.thread_time()
+        while time.thread_time() - start < PROBE_PASS_S:
+            pass
+        return real(*args)
+
+    monkeypatch.setattr(QueryLikelihood, "_likelihood", staticmethod(slow))
+    return passes
+
+
+def leave_when(url: str, path: str, body: dict, started: Callable[[], bool]) -> float:
+    """Send `body` to `path`, and disconnect once `started()` (and 0.2 s more): the time it left (monotonic)."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    while not started():
+        time.sleep(0.01)
+    time.sleep(0.2)
+    connection.close()
+    return time.monotonic()
+
+
+def test_a_client_that_leaves_during_the_probe_stops_it_and_the_cpu_falls_idle(index, slow_probe):
+    index.ingest([Document(page_content=p) for p in PASSAGES])
+    with serving(create_app(index, None)) as url:
+        body = {"question": "How many sacks?", "k": 64, "max_new_tokens": 4, "stream": False}
+        left = leave_when(url, "/ask", body, lambda: bool(slow_probe))
+        time.sleep(left + 1 - time.monotonic())
+        cpu = time.process_time()
+        time.sleep(1)
+        busy = time.process_time() - cpu  # the server's process, every thread, 1 to 2 s after the client left
+        assert pending(url) == 0
+    after = [t for t in slow_probe if t > left]
+    print(f"probe passes after the client left: {len(after)} of 4; CPU 1-2 s after: {busy * 1000:.0f} ms")
+    assert len(after) <= 1 and len(slow_probe) < 4  # without cancellation: every pass, 1.5 s of CPU more
+    assert busy < 0.2
+
+
+def test_a_deadline_on_ask_stops_the_probe(index, slow_probe):
+    index.ingest([Document(page_content=p) for p in PASSAGES])
+    with TestClient(create_app(index, None, request_timeout_s=0.7)) as client:
+        start = time.monotonic()
+        response = client.post("/ask", json={"question": "How many sacks?", "k": 64, "stream": False})
+        elapsed = time.monotonic() - start
+        assert response.status_code == 504 and "0.7 s limit (--request-timeout)" in response.json()["detail"]
+        time.sleep(PROBE_PASS_S + 0.2)
+        assert 1 <= len(slow_probe) < 4 and max(slow_probe) < start + elapsed  # none after the 504
+        assert elapsed < 0.7 + PROBE_PASS_S + 0.5  # the deadline, then at most the pass under way
+        assert 'nugget_rag_cancelled_requests_total{reason="deadline"} 1.0' in client.get("/metrics").text
+
+
+@pytest.fixture
+def slow_compression(monkeypatch):
+    """Each batch the encoder compresses first burns 0.3 s of CPU: the times the batches started."""
+    batches, real = [], NuggetModel.compress
+
+    def slow(*args, **kwargs):
+        batches.append(time.monotonic())
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:
+            pass
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(NuggetModel, "compress", slow)
+    return batches
+
+
+def assert_nothing_half_written(index, tmp_path) -> None:
+    """The index is as it was (empty, nothing saved), and every state in the store is whole."""
+    assert len(index) == 0 and not (tmp_path / "index.json").exists()
+    store = NuggetStore(directory=tmp_path / "nuggets")
+    assert all(store.get_by_key(key) is not None for key in store.byte_store.yield_keys())
+
+
+@pytest.mark.parametrize("path", ["/ingest", "/compress"])
+def test_ingest_and_compress_stop_when_their_client_leaves(index, tmp_path, slow_compression, path):
+    documents = [f"Document {i} tells of the mill and its {i} sacks." for i in range(40)]  # 5 batches of 8
+    with serving(create_app(index, tmp_path)) as url:
+        left = leave_when(url, path, {"documents": documents}, lambda: bool(slow_compression))
+        time.sleep(1)
+        assert pending(url) == 0
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+    assert len([t for t in slow_compression if t > left]) <= 1 and len(slow_compression) < 5
+    assert 'nugget_rag_cancelled_requests_total{reason="disconnect"} 1.0' in metrics
+    assert_nothing_half_written(index, tmp_path)
+
+
+@pytest.mark.parametrize("path", ["/ingest", "/compress"])
+def test_ingest_and_compress_stop_at_their_deadline(index, tmp_path, slow_compression, path):
+    documents = [f"Document {i} tells of the mill and its {i} sacks." for i in range(40)]
+    with TestClient(create_app(index, tmp_path, request_timeout_s=0.5)) as client:
+        response = client.post(path, json={"documents": documents})
+        assert response.status_code == 504 and "--request-timeout" in response.json()["detail"]
+        time.sleep(0.5)
+        assert len(slow_compression) < 5 and client.get("/health").json()["pending"] == 0
+    assert_nothing_half_written(index, tmp_path)
+
+
+def record_of_another_server(store: NuggetStore, silent_s: float) -> str:
+    """A job that another server, silent for `silent_s`, recorded as running in `store`: its id."""
+    job = IngestJob(id=f"ingest-{'ab' * 16}", status="running", documents=70, done=32, added=30,
+                    server="elsewhere:7", created=time.time() - silent_s - 5, heartbeat=time.time() - silent_s)
+    JobRecords(store).put(job)
+    return job.id
+
+
+def test_ingest_jobs_live_in_the_store_and_outlive_their_server(index, tmp_path, monkeypatch):
+    with TestClient(create_app(index, tmp_path)) as first:
+        done_id = first.post("/ingest/jobs", json={"documents": TEXTS}).json()["id"]
+        assert wait_for_job(first, done_id)["status"] == "done"
+        embed = index.embeddings.embed_documents
+        monkeypatch.setattr(index.embeddings, "embed_documents", lambda texts: time.sleep(0.3) or embed(texts))
+        running = first.post("/ingest/jobs", json={"documents": [f"More {i} on rivers." for i in range(70)]}).json()
+        while first.get(f"/ingest/jobs/{running['id']}").json()["done"] == 0:  # its first step has landed
+            time.sleep(0.05)
+        with TestClient(create_app(index, tmp_path)) as second:  # another server over the same store
+            seen = second.get(f"/ingest/jobs/{running['id']}").json()
+            assert seen["status"] == "running" and seen["done"] >= 32 and seen["server"] == running["server"]
+            assert second.delete(f"/ingest/jobs/{running['id']}").status_code == 409  # not its job to cancel
+            assert [j["id"] for j in second.get("/ingest/jobs").json()["jobs"]] == [done_id, running["id"]]
+    # the first server stopped with its job under way: a restarted one reports it interrupted, and what it added
+    store = index.compressor.store
+    with TestClient(create_app(index, tmp_path)) as restarted:
+        jobs = restarted.get("/ingest/jobs").json()["jobs"]
+        assert [(j["id"], j["status"]) for j in jobs] == [(done_id, "done"), (running["id"], "interrupted")]
+        assert 32 <= jobs[1]["done"] < 70 and "send the rest again" in jobs[1]["error"]
+        silent = record_of_another_server(store, 60)
+        assert restarted.get(f"/ingest/jobs/{silent}").json()["status"] == "interrupted"  # silent for 60 s: gone
+        JobRecords(store).delete([silent])
+        alive = record_of_another_server(store, 1)
+        assert restarted.get(f"/ingest/jobs/{alive}").json()["status"] == "running"  # heard from 1 s ago
+    assert sorted(p.name for p in (tmp_path / "nuggets" / "jobs").iterdir()) == sorted(
+        f"{i}.json" for i in (done_id, running["id"], alive))
+    assert all(len(key) == 64 for key in store.byte_store.yield_keys())  # the records are no nugget keys
