@@ -1,10 +1,14 @@
 """`nugget-rag serve`: a long-running HTTP server that keeps the model, the index and the nugget store warm.
 
+    GET  /                           a page to ask questions on: the answer streams in, and each retrieved passage
+                                     shows its reading, its relevance and its nuggets (page.html)
     GET  /health                     {"status": "ok", "model", "ratio", "chunks", "pending", "batches", "mean_batch"}
     GET  /metrics                    Prometheus metrics: requests and errors by status, pending requests, cancelled
                                      answers, tokens in and out, nuggets read, latency histograms
-    POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "stream"?}; k: chunks retrieved, resolution:
-                   how each is read (a name of nugget_rag.resolution.RESOLUTIONS, default "default")
+    POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "stream"?, "passages"?}; k: chunks retrieved,
+                   resolution: how each is read (a name of nugget_rag.resolution.RESOLUTIONS, default "default");
+                   passages (default false): the last line also holds "passages", every chunk retrieved with its
+                   reading, tokens and nuggets (visualize.reading_view): what the page shows
                    stream (default): NDJSON lines {"text": piece}..., then {"sources", "usage", "finish_reason"}; a
                    failure after the first line ends the stream with {"error": {"message", "status"}}
                    otherwise: {"answer", "sources", "usage", "finish_reason"}; finish_reason as OpenAI's: "stop" (the
@@ -33,8 +37,8 @@ gets 422, and so does text that is not valid Unicode (a lone surrogate), naming 
 request does so before a streamed answer's first byte: its first piece is decoded before the response starts.
 Answers to concurrent requests are decoded in shared batches of up to `max_batch` (batching.py); an answer whose
 client disconnects, or that runs past `request_timeout_s`, leaves its batch at the next token and frees its slot.
-With an `api_key`, every path but /health needs `Authorization: Bearer <key>` (401 otherwise). Needs the [serve]
-and [retrieval] extras.
+With an `api_key`, every path but /health needs `Authorization: Bearer <key>`, or HTTP Basic credentials with the
+key as the password (what a browser sends for the page); 401 otherwise. Needs the [serve] and [retrieval] extras.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import anyio
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -74,6 +78,7 @@ JOB_PART = 32  # documents an ingest job adds, and publishes, per step
 MAX_JOBS = 16  # ingest jobs queued or running at once
 KEPT_JOBS = 100  # finished jobs whose status stays readable
 JOB_NICE = 10  # how much nicer than the server the thread that runs ingest jobs is (Linux)
+PAGE = Path(__file__).with_name("page.html")  # GET /
 
 
 def _check_unicode(where: str, text: str) -> None:
@@ -100,6 +105,8 @@ class AskRequest(BaseModel):
     resolution: str = Field("default", description=f"How each chunk is read: one of {', '.join(RESOLUTIONS)}.")
     max_new_tokens: int = Field(128, ge=1, le=2048)
     stream: bool = True
+    passages: bool = Field(False, description="Also return every chunk retrieved: its reading, relevance, tokens and "
+                           "nuggets (the page at / shows them).")
 
     @field_validator("resolution")
     @classmethod
@@ -357,7 +364,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
     `request_timeout_s`: an answer still decoding after this long is cut off (504); `api_key`: the key every path
     but /health needs (None: none); `max_ingest_documents`: the most documents one /ingest or /compress request
     takes (more: 413; POST /ingest/jobs takes more, in the background)."""
-    from .integrations import NuggetIndex, build_qa_chain
+    from .integrations import NuggetIndex, build_qa_chain, reading_view
 
     app = FastAPI(title="nugget-rag", description=__doc__.split("\n\n")[0])
     compressor = index.compressor
@@ -379,6 +386,13 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
             return 422, str(err)
         log.error("an answer failed after its stream started", exc_info=err)
         return 500, f"the answer failed: {type(err).__name__}: {err}"
+
+    page_html = PAGE.read_text(encoding="utf-8").replace(
+        "__RESOLUTIONS__", "".join(f'<option value="{name}">{name}</option>' for name in RESOLUTIONS))
+
+    @app.get("/", response_class=HTMLResponse)
+    def page() -> str:
+        return page_html
 
     @app.get("/health")
     def health() -> dict:
@@ -412,7 +426,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                 with index_lock:
                     docs = index.as_retriever(k=request.k).invoke(request.question)
                 chain = build_qa_chain(RunnableLambda(lambda _: docs), llm, resolution=request.resolution)
-                pieces = decode(chain, request.question, slot)
+                pieces = decode(chain, request.question, slot, docs if request.passages else None)
                 first = next(pieces)
             except BaseException:
                 slot.free()
@@ -421,8 +435,9 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
 
         return slot, await watched(http, slot, begin)
 
-    def decode(chain, question: str, slot: _Slot) -> Iterator[dict]:
-        """The answer's pieces; its slot is freed when they end, fail or are cancelled."""
+    def decode(chain, question: str, slot: _Slot, passages: list[Document] | None) -> Iterator[dict]:
+        """The answer's pieces, the last with every one of `passages` as reading_view shows it (None: without them);
+        its slot is freed when they end, fail or are cancelled."""
         try:
             final = None
             for chunk in chain.stream(question):
@@ -432,8 +447,12 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                         metrics.first_token.observe(time.monotonic() - slot.admitted)
                     yield {"text": chunk.content}
             metrics.count_usage(final.usage_metadata)
-            yield {"sources": final.response_metadata["sources"], "usage": final.usage_metadata,
-                   "finish_reason": final.response_metadata["finish_reason"]}
+            last = {"sources": final.response_metadata["sources"], "usage": final.usage_metadata,
+                    "finish_reason": final.response_metadata["finish_reason"]}
+            if passages is not None:
+                last["passages"] = [reading_view(compressor, passages[reading["index"]], reading)
+                                    for reading in final.response_metadata["resolution"]]
+            yield last
         except RequestCancelled:
             slot.free("deadline")  # (a client that left has freed it already)
             raise
