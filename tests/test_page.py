@@ -46,10 +46,12 @@ def test_ask_returns_the_passages_only_when_asked(index):
     with TestClient(create_app(index, None)) as client:
         plain = client.post("/ask", json={"question": QUESTION, "k": 3, "max_new_tokens": 4, "stream": False})
         assert plain.status_code == 200 and "passages" not in plain.json()
-        for resolution in ("default", "uniform"):
-            body = {"question": QUESTION, "k": 3, "max_new_tokens": 4, "stream": False, "passages": True,
+        for resolution, stream in [("default", False), ("uniform", True)]:
+            body = {"question": QUESTION, "k": 3, "max_new_tokens": 4, "stream": stream, "passages": True,
                     "resolution": resolution}
-            passages = client.post("/ask", json=body).json()["passages"]
+            response = client.post("/ask", json=body)
+            last = json.loads(response.text.splitlines()[-1]) if stream else response.json()
+            passages = last["passages"]
             assert [p["index"] for p in passages] == [0, 1, 2]
             for passage in passages:
                 text = "".join(passage["tokens"])
@@ -87,6 +89,13 @@ def chromium():
         browser.close()
 
 
+def ask_on(page) -> None:
+    page.fill("#question", QUESTION)
+    page.fill("#k", "3")
+    page.fill("#max-new-tokens", "24")
+    page.click("#send")
+
+
 @pytest.mark.usefixtures("slow_steps")  # decoding at 20 ms a step: the answer streams for a while
 def test_the_page_streams_the_answer_and_shows_each_passage(index, chromium, tmp_path):
     with serving(create_app(index, None, api_key=KEY)) as url:
@@ -99,10 +108,7 @@ def test_the_page_streams_the_answer_and_shows_each_passage(index, chromium, tmp
         page = chromium.new_context(http_credentials={"username": "reader", "password": KEY}).new_page()
         assert page.goto(f"{url}/").status == 200
         page.wait_for_function("document.getElementById('served').textContent.includes('4 chunks')")
-        page.fill("#question", QUESTION)
-        page.fill("#k", "3")
-        page.fill("#max-new-tokens", "24")
-        page.click("#send")
+        ask_on(page)
         # the answer shows piece by piece: some of it is there before the passages, which come with the last line
         page.wait_for_function("document.getElementById('answer').textContent.length > 0 "
                                "&& !document.querySelector('.passage')")
@@ -124,6 +130,14 @@ def test_the_page_streams_the_answer_and_shows_each_passage(index, chromium, tmp
         screenshot = tmp_path / "page.png"
         page.screenshot(path=screenshot, full_page=True)
         print(f"the page: {screenshot}")
+
+        # a browser not handed the credentials, given them in the address: it keeps them for the page's requests
+        visitor = chromium.new_context().new_page()
+        assert visitor.goto(url.replace("http://", f"http://reader:{KEY}@") + "/").status == 200
+        ask_on(visitor)
+        visitor.wait_for_selector(".passage, #error[style*='block']")
+        assert visitor.locator("#error").is_hidden(), visitor.text_content("#error")
+        assert visitor.text_content("#answer") == expected["answer"]
 
         # the page's address fetched without credentials (nor the browser's cached ones): the API's 401
         status, body = page.evaluate("fetch('/', {credentials: 'omit'}).then(async r => [r.status, await r.text()])")
