@@ -14,11 +14,11 @@ from .faiss_store import (
 )
 from .loaders import DocumentLoadError, LoadReport, load_documents, load_jsonl, read_documents
 from .refloor import RefloorReport, refloor
-from .visualize import NuggetView, nugget_view, render_html, render_terminal
+from .visualize import NuggetView, nugget_view, reading_view, render_html, render_terminal
 
 __all__ = [
     "DocumentLoadError", "IndexFileError", "NuggetIndex", "SentenceTransformerEmbeddings", "build_qa_chain",
     "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
     "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor",
-    "NuggetView", "nugget_view", "render_html", "render_terminal",
+    "NuggetView", "nugget_view", "reading_view", "render_html", "render_terminal",
 ]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from langchain_core.documents import Document
 
-from nugget_rag.compressor import NuggetCompressor
+from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 
 REVERSE_GREEN = "\x1b[7;32m"
 RESET = "\x1b[0m"
@@ -34,25 +34,43 @@ class NuggetView:
         return f"{self.n} tokens, {self.k} nuggets, r = {self.n / max(self.k, 1):.2f} (target r = {self.ratio:g})"
 
 
-def nugget_view(compressor: NuggetCompressor, text: str) -> NuggetView:
-    """Score every token of `text` as `NuggetModel.compress` does and mark those the compressor keeps as nuggets.
+def nugget_view(compressor: NuggetCompressor, text: str, ratio: float | None = None) -> NuggetView:
+    """Score every token of `text` as `NuggetModel.compress` does and mark those the compressor keeps as nuggets at
+    `ratio` (default: the compressor's).
 
     Like compress, long texts are cut into segments of at most the model's positions less the document opening,
     each scored after that opening in one batch, so the scores shown are those the nuggets were chosen by.
     """
-    if not text.strip():
-        raise ValueError("the text to inspect is empty")
-    model, tokenizer = compressor.model, compressor.model.tokenizer
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=tokenizer.is_fast)
-    ids = encoded["input_ids"]
-    state = compressor.states([Document(page_content=text)])[0]
+    model = compressor.model
+    ids, pieces, nuggets = _kept(compressor, text, ratio)
     segment = model.segment_length(compressor.segment_tokens)
     segments = [ids[start : start + segment] for start in range(0, len(ids), segment)]
     input_ids, opening = model.encoder_input(segments)
     rows = model.score(input_ids)[:, opening:].float().cpu().tolist()
     scores = [score for row, part in zip(rows, segments) for score in row[: len(part)]]
-    return NuggetView(_pieces(text, ids, encoded.get("offset_mapping"), tokenizer), scores,
-                      set(state.positions.tolist()), compressor.effective_ratio)
+    return NuggetView(pieces, scores, nuggets, ratio or compressor.effective_ratio)
+
+
+def reading_view(compressor: NuggetCompressor, document: Document, reading: dict) -> dict:
+    """One retrieved passage as the page at / shows it: its reading (an entry of NuggetLLM's
+    ``response_metadata["resolution"]``), its metadata, its tokens' pieces and the positions of its nuggets at
+    `nugget_ratio`: those the answer read, for a passage read as nuggets; else those the store keeps at the
+    compressor's ratio (what a skim reads)."""
+    ratio = reading["ratio"] if reading["read_as"] == "nuggets" else compressor.effective_ratio
+    _, pieces, nuggets = _kept(compressor, document.page_content, ratio)
+    return {**reading, "metadata": {k: v for k, v in document.metadata.items() if k != METADATA_KEY},
+            "tokens": pieces, "nuggets": sorted(nuggets), "nugget_ratio": ratio}
+
+
+def _kept(compressor: NuggetCompressor, text: str, ratio: float | None) -> tuple[list[int], list[str], set[int]]:
+    """The token ids of `text`, their pieces and the positions of the nuggets kept at `ratio` (from the store)."""
+    if not text.strip():
+        raise ValueError("the text to inspect is empty")
+    tokenizer = compressor.model.tokenizer
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=tokenizer.is_fast)
+    ids = encoded["input_ids"]
+    state = compressor.states([Document(page_content=text)], ratio)[0]
+    return ids, _pieces(text, ids, encoded.get("offset_mapping"), tokenizer), set(state.positions.tolist())
 
 
 def _pieces(text: str, ids: list[int], offsets: list[tuple[int, int]] | None, tokenizer) -> list[str]:

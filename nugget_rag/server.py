@@ -1,11 +1,15 @@
 """`nugget-rag serve`: a long-running HTTP server that keeps the model, the index and the nugget store warm.
 
+    GET  /                           a page to ask questions on: the answer streams in, and each retrieved passage
+                                     shows its reading, its relevance and its nuggets (page.html)
     GET  /health                     {"status": "ok", "model", "ratio", "chunks", "pending", "batches", "mean_batch"}
     GET  /metrics                    Prometheus metrics: requests and errors by status, pending requests, cancelled
                                      requests, tokens in and out, nuggets read, latency histograms
-    POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "finish_sentence"?, "stream"?}; k: chunks
-                   retrieved, resolution: how each is read (a name of nugget_rag.resolution.RESOLUTIONS, default
-                   "default"), finish_sentence: tokens past max_new_tokens to end the sentence it cut (default 32)
+    POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "finish_sentence"?, "stream"?, "passages"?};
+                   k: chunks retrieved, resolution: how each is read (a name of nugget_rag.resolution.RESOLUTIONS,
+                   default "default"), finish_sentence: tokens past max_new_tokens to end the sentence it cut
+                   (default 32); passages (default false): the last line also holds "passages", every chunk retrieved
+                   with its reading, tokens and nuggets (visualize.reading_view): what the page shows
                    stream (default): NDJSON lines {"text": piece}..., then {"sources", "usage", "finish_reason"}; a
                    failure after the first line ends the stream with {"error": {"message", "status"}}
                    otherwise: {"answer", "sources", "usage", "finish_reason"}; finish_reason as OpenAI's: "stop" (the
@@ -39,8 +43,8 @@ Answers to concurrent requests are decoded in shared batches of up to `max_batch
 client disconnects, or that runs past `request_timeout_s` (504), frees its slot at once and stops at its next
 step (cancellation.py): retrieval, each probe pass, each batch compressed or ingested, each decoded token (its row
 leaves its batch). A stopped /ingest leaves the index as it was; the states stored before it stopped stay.
-With an `api_key`, every path but /health needs `Authorization: Bearer <key>` (401 otherwise). Needs the [serve]
-and [retrieval] extras.
+With an `api_key`, every path but /health needs `Authorization: Bearer <key>`, or HTTP Basic credentials with the
+key as the password (what a browser sends for the page); 401 otherwise. Needs the [serve] and [retrieval] extras.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ import anyio
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -76,6 +80,7 @@ from .server_middleware import ApiKey, BodyLimit, Metrics
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+PAGE = Path(__file__).with_name("page.html")  # GET /
 
 
 def _check_unicode(where: str, text: str) -> None:
@@ -103,6 +108,8 @@ class AskRequest(BaseModel):
     max_new_tokens: int = Field(128, ge=1, le=2048)
     finish_sentence: int = Field(32, ge=0, le=256, description="Tokens past max_new_tokens to end the sentence it cut.")
     stream: bool = True
+    passages: bool = Field(False, description="Also return every chunk retrieved: its reading, relevance, tokens and "
+                           "nuggets (the page at / shows them).")
 
     @field_validator("resolution")
     @classmethod
@@ -277,7 +284,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
     `request_timeout_s`: a request still under way after this long stops at its next step (504); `api_key`: the key every path
     but /health needs (None: none); `max_ingest_documents`: the most documents one /ingest or /compress request
     takes (more: 413; POST /ingest/jobs takes more, in the background)."""
-    from .integrations import NuggetIndex, build_qa_chain
+    from .integrations import NuggetIndex, build_qa_chain, reading_view
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -304,6 +311,13 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
             return 422, str(err)
         log.error("an answer failed after its stream started", exc_info=err)
         return 500, f"the answer failed: {type(err).__name__}: {err}"
+
+    page_html = PAGE.read_text(encoding="utf-8").replace(
+        "__RESOLUTIONS__", "".join(f'<option value="{name}">{name}</option>' for name in RESOLUTIONS))
+
+    @app.get("/", response_class=HTMLResponse)
+    def page() -> str:
+        return page_html
 
     @app.get("/health")
     def health() -> dict:
@@ -342,7 +356,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                         docs = index.as_retriever(k=request.k).invoke(request.question)
                     check()
                     chain = build_qa_chain(RunnableLambda(lambda _: docs), llm, resolution=request.resolution)
-                    pieces = decode(chain, request.question, slot)
+                    pieces = decode(chain, request.question, slot, docs if request.passages else None)
                     return itertools.chain([next(pieces)], pieces)
             except RequestCancelled:
                 slot.free("deadline")  # (a client that left has freed it already)
@@ -353,8 +367,9 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
 
         return slot, await watched(http, slot, begin)
 
-    def decode(chain, question: str, slot: _Slot) -> Iterator[dict]:
-        """The answer's pieces; its slot is freed when they end, fail or are cancelled."""
+    def decode(chain, question: str, slot: _Slot, passages: list[Document] | None) -> Iterator[dict]:
+        """The answer's pieces, the last with every one of `passages` as reading_view shows it (None: without them);
+        its slot is freed when they end, fail or are cancelled."""
         try:
             final = None
             for chunk in chain.stream(question):
@@ -364,8 +379,12 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                         metrics.first_token.observe(time.monotonic() - slot.admitted)
                     yield {"text": chunk.content}
             metrics.count_usage(final.usage_metadata)
-            yield {"sources": final.response_metadata["sources"], "usage": final.usage_metadata,
-                   "finish_reason": final.response_metadata["finish_reason"]}
+            last = {"sources": final.response_metadata["sources"], "usage": final.usage_metadata,
+                    "finish_reason": final.response_metadata["finish_reason"]}
+            if passages is not None:
+                last["passages"] = [reading_view(compressor, passages[reading["index"]], reading)
+                                    for reading in final.response_metadata["resolution"]]
+            yield last
         except RequestCancelled:
             slot.free("deadline")  # (a client that left has freed it already)
             raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import json
 import time
@@ -44,8 +46,12 @@ class BodyLimit:
 
 
 class ApiKey:
-    """Every path but `open_paths` needs `Authorization: Bearer <key>` (as OpenAI's clients send it); a request
-    without it, or with another, gets 401 with the same words whatever it sent. Keys are compared in constant time."""
+    """Every path but `open_paths` needs the key: `Authorization: Bearer <key>` (as OpenAI's clients send it), or
+    HTTP Basic credentials with the key as the password (any user name: what a browser sends, after asking once,
+    to open the page at / and for the page's own requests). A request without it, or with another, gets 401 with
+    the same words whatever it sent, challenging both schemes. Keys are compared in constant time."""
+
+    CHALLENGES = [(b"www-authenticate", b"Bearer"), (b"www-authenticate", b'Basic realm="nugget-rag", charset="UTF-8"')]
 
     def __init__(self, app, key: str, open_paths: Collection[str] = ("/health",)):
         if not key.strip():
@@ -55,13 +61,19 @@ class ApiKey:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in self.open_paths or self._authorized(scope):
             return await self.app(scope, receive, send)
-        await send_json(send, 401, "this server needs an API key: send the header 'Authorization: Bearer <key>'",
-                        [(b"www-authenticate", b"Bearer")])
+        await send_json(send, 401, "this server needs an API key: send the header 'Authorization: Bearer <key>' (a "
+                        "browser asks for it: any user name, the key as the password)", self.CHALLENGES)
 
     def _authorized(self, scope) -> bool:
         given = dict(scope.get("headers", [])).get(b"authorization", b"")
         scheme, _, token = given.partition(b" ")
-        return hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
+        scheme, token = scheme.lower(), token.strip()
+        if scheme == b"basic":  # base64 of "user:password"
+            try:
+                token = base64.b64decode(token, validate=True).partition(b":")[2]
+            except binascii.Error:
+                return False
+        return hmac.compare_digest(token, self.key) and scheme in (b"bearer", b"basic")
 
 
 class Metrics:
