@@ -237,7 +237,7 @@ def ray_main(args: argparse.Namespace) -> int:
                                                                     args.max_new_tokens, False), range(args.requests)))
                     wall = time.perf_counter() - started
                 finally:
-                    server.send_signal(signal.SIGINT)
+                    server.send_signal(signal.SIGTERM)
                     server.wait(120)
                 answered = [r for r in results if not r["error"]]
                 latencies = sorted(r["latency_s"] for r in answered)

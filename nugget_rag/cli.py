@@ -15,6 +15,7 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -268,11 +269,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def wait_for_interrupt() -> None:
-    """Block until Ctrl-C (the Ray replicas serve meanwhile; they stop with a local cluster, or are deleted)."""
+    """Block until Ctrl-C or SIGTERM (the Ray replicas serve meanwhile), then delete the deployment."""
     from ray import serve
 
     from .integrations.ray_serve import APP_NAME
 
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop (systemd, Kubernetes) as Ctrl-C
     try:
         threading.Event().wait()
     finally:
