@@ -3,6 +3,7 @@ request at a time, reading nuggets or Full's prompt, in one run.
 
     python benchmarks/serve_throughput.py [--clients 8] [--questions 32] [--max-new-tokens 32] [--threads 2]
     python benchmarks/serve_throughput.py --http [--requests 200] [--clients 8] [--disconnect 0.1] [--rounds 4]
+    python benchmarks/serve_throughput.py --http --ray --replicas 1 2 [--requests 48] [--clients 8]
 
 Each client asks SQuAD dev questions about their own passage (../shared/data; nuggets compressed beforehand, as a
 warm server holds them), greedy, `max-new-tokens` at most. Reports questions/s, generated tokens/s and p50/p95
@@ -16,6 +17,12 @@ for a long answer and disconnect after its first line. The arms alternate in `--
 CPU's load falls on both alike. Reports, per arm, errors (a status other than 200, or an error line) and p50/p95
 latency among the requests that stayed, first-line latency, the server's pending requests 2 s after each part (the
 most) and the answers it cancelled.
+
+--http --ray: `nugget-rag serve --ray --replicas N` (a local Ray of this machine's CPUs, one CPU and one torch thread
+a replica, the nuggets in a Redis started for the run) for each N of `--replicas` in turn, over one index: the
+passages are ingested through the first (on Ray Data), the later ones open it. The same `--requests` streamed /ask
+requests from `--clients` clients each; reports questions/s, errors and p50/p95 latency per N, and the ratio to the
+first N.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -170,6 +179,87 @@ def http_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(command: list[str], port: int) -> subprocess.Popen:
+    """`command` started, once its /health answers on `port`."""
+    server = subprocess.Popen(command)
+    for _ in range(1200):
+        if server.poll() is not None:
+            raise RuntimeError(f"{' '.join(command)} exited with {server.returncode}")
+        try:
+            server_state(port)
+            return server
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{' '.join(command)} did not answer in 10 minutes")
+
+
+def ingest(port: int, passages: list[str]) -> None:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/ingest", data=json.dumps({"documents": passages}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=3600) as response:
+        print(f"ingested {len(passages)} passages in {time.perf_counter() - started:.1f} s: "
+              f"{json.loads(response.read())}", flush=True)
+
+
+def ray_main(args: argparse.Namespace) -> int:
+    if shutil.which("redis-server") is None:
+        raise SystemExit("--ray needs redis-server (apt-get install redis-server): the replicas share its store")
+    records = read_squad(args.data, "dev")[: args.requests]
+    passages = list(dict.fromkeys(r["context"] for r in records))[: args.passages]
+    questions = [r["question"] for r in records if r["context"] in passages]
+    rows = {}
+    with tempfile.TemporaryDirectory() as work:
+        redis_port = free_port()
+        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", work,
+                                  "--save", ""], stdout=subprocess.DEVNULL)
+        try:
+            for replicas in args.replicas:
+                port = free_port()
+                command = [sys.executable, "-m", "nugget_rag.cli", "serve", "--index", f"{work}/index", "--port",
+                           str(port), "--store", f"redis://127.0.0.1:{redis_port}/0", "--ray", "--replicas",
+                           str(replicas)]
+                server = start_server(command, port)
+                try:
+                    if replicas == args.replicas[0]:
+                        ingest(port, passages)
+                    with ThreadPoolExecutor(2 * replicas) as pool:  # warm: every replica's first answers
+                        list(pool.map(lambda i: ask_once(port, questions[i], 8, False), range(2 * replicas)))
+                    started = time.perf_counter()
+                    with ThreadPoolExecutor(args.clients) as pool:
+                        results = list(pool.map(lambda i: ask_once(port, questions[i % len(questions)],
+                                                                    args.max_new_tokens, False), range(args.requests)))
+                    wall = time.perf_counter() - started
+                finally:
+                    server.send_signal(signal.SIGTERM)
+                    server.wait(120)
+                answered = [r for r in results if not r["error"]]
+                latencies = sorted(r["latency_s"] for r in answered)
+                rows[replicas] = {"per_s": len(answered) / wall, "errors": len(results) - len(answered),
+                                  "wall": wall, "p50": statistics.median(latencies),
+                                  "p95": latencies[int(0.95 * (len(latencies) - 1))]}
+                print(f"{replicas} replicas: {rows[replicas]}", flush=True)
+        finally:
+            redis.terminate()
+            redis.wait(30)
+    print(f"\n{args.requests} streamed /ask requests per setting, {args.clients} clients, <= {args.max_new_tokens} new "
+          f"tokens, k = 2, {len(passages)} SQuAD dev passages, default model, one CPU and one torch thread a "
+          "replica\n")
+    print("| replicas | answered questions/s | x first | errors | wall (s) | p50 latency (s) | p95 latency (s) |")
+    print("|---|---|---|---|---|---|---|")
+    base = rows[args.replicas[0]]["per_s"]
+    for replicas, r in rows.items():
+        print(f"| {replicas} | {r['per_s']:.3f} | {r['per_s'] / base:.2f}x | {r['errors']} | {r['wall']:.1f} | "
+              f"{r['p50']:.2f} | {r['p95']:.2f} |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
@@ -183,7 +273,11 @@ def main() -> int:
     parser.add_argument("--long-tokens", type=int, default=300, help="--http: max_new_tokens of those that leave")
     parser.add_argument("--rounds", type=int, default=4, help="--http: parts the arms alternate in")
     parser.add_argument("--passages", type=int, default=32, help="--http: SQuAD dev passages in the index")
+    parser.add_argument("--ray", action="store_true", help="--http: serve from Ray Serve replicas (see above)")
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="--http --ray: replica counts")
     args = parser.parse_args()
+    if args.http and args.ray:
+        return ray_main(args)
     if args.http:
         return http_main(args)
     torch.set_num_threads(args.threads)

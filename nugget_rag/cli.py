@@ -15,7 +15,9 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +34,7 @@ from .cli_options import (
     positive_int,
     ratio_arg,
     ray_address,
+    replica_range,
 )
 from .compressor import NuggetCompressor
 from .llm import NuggetLLM
@@ -219,26 +222,50 @@ def _ask_server(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .integrations import NuggetIndex, read_manifest
     from .integrations.faiss_store import NUGGETS_DIR
     from .server import create_app
 
+    if args.ray is not None:
+        from .integrations.ray_ingest import connect
+
+        replicas = args.replicas or (1, None)
+        connect(None if args.ray == "local" else args.ray)  # an unreachable cluster fails here, before any work
+    elif args.replicas or args.cpus_per_replica or args.gpus_per_replica or args.target_ongoing:
+        raise UserError("--replicas, --target-ongoing, --cpus-per-replica and --gpus-per-replica are for serving on "
+                        "Ray: add --ray [ADDRESS]")
     args.ratio = (read_manifest(args.index) or {}).get("ratio")
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
     compressor.text_states = args.text_states
     set_decoder_weights(compressor, args)
     index = NuggetIndex.open(args.index, compressor, load_embeddings(args))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    app = create_app(index, args.index, max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
-                     max_batch=args.max_batch, request_timeout_s=args.request_timeout, api_key=key,
-                     max_ingest_documents=args.max_ingest_documents)
+    settings = {"max_pending": args.max_pending, "max_body_bytes": args.max_body_bytes, "max_batch": args.max_batch,
+                "request_timeout_s": args.request_timeout, "api_key": key,
+                "max_ingest_documents": args.max_ingest_documents}
     if key is None and not _loopback(args.host):
         print(f"warning: serving on {args.host} without an API key: whoever reaches the port can ask, and write to "
               f"the index through /ingest; set {API_KEY_ENV} or --api-key", file=sys.stderr, flush=True)
+    if args.ray is not None:
+        from .integrations.ray_serve import RayServeOptions, serve_index
+
+        options = RayServeOptions(min_replicas=replicas[0], max_replicas=replicas[1], host=args.host, port=args.port,
+                                  target_ongoing_requests=args.target_ongoing or args.max_batch,
+                                  cpus_per_replica=args.cpus_per_replica or 1.0,
+                                  gpus_per_replica=args.gpus_per_replica or 0.0,
+                                  graceful_shutdown_timeout_s=args.request_timeout)
+        url = serve_index(args.index, index.compressor, index.embeddings, options, model=ray_model_loader(args),
+                          **settings)
+        scale = f"{replicas[0]} to {replicas[1]} replicas" if replicas[1] else f"{replicas[0]} replicas"
+        print(f"serving {args.index} ({len(index)} chunks) on {url} from {scale} on Ray"
+              f"{' (API key required)' if key else ''}", flush=True)
+        wait_for_interrupt()
+        return 0
+    app = create_app(index, args.index, **settings)
     print(f"serving {args.index} ({len(index)} chunks) on http://{args.host}:{args.port}"
           f"{' (API key required)' if key else ''}", flush=True)
+    import uvicorn
+
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -262,6 +289,19 @@ def cmd_refloor(args: argparse.Namespace) -> int:
           f"r = {report.new_floor:g}: {report.bytes_before / 2**20:.1f} MiB -> {report.bytes_after / 2**20:.1f} MiB"
           f"{shrink}; {report.missing} not in the store are compressed when first read")
     return 0
+
+
+def wait_for_interrupt() -> None:
+    """Block until Ctrl-C or SIGTERM (the Ray replicas serve meanwhile), then delete the deployment."""
+    from ray import serve
+
+    from .integrations.ray_serve import APP_NAME
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop (systemd, Kubernetes) as Ctrl-C
+    try:
+        threading.Event().wait()
+    finally:
+        serve.delete(APP_NAME)
 
 
 def _loopback(host: str) -> bool:
@@ -394,6 +434,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", metavar="KEY",
                        help=f"require 'Authorization: Bearer KEY' on every path but /health (default: ${API_KEY_ENV}; "
                             "the variable keeps the key out of the process list)")
+    serve.add_argument("--ray", nargs="?", const="local", type=ray_address, metavar="ADDRESS",
+                       help="serve from replicas on a Ray cluster (the [ray] extra), each holding one model and "
+                            "reading the --store and the index directory: 'auto', HOST:PORT or ray://HOST:PORT; "
+                            "without ADDRESS a local one")
+    serve.add_argument("--replicas", type=replica_range, metavar="N|MIN..MAX",
+                       help="with --ray: N replicas, or from MIN to MAX as the load asks (default 1)")
+    serve.add_argument("--target-ongoing", type=positive_float, metavar="N",
+                       help="with --ray MIN..MAX: requests in flight per replica the autoscaler aims at (default: "
+                            "--max-batch)")
+    serve.add_argument("--cpus-per-replica", type=positive_float, metavar="C",
+                       help="with --ray: CPUs each replica takes, and its torch threads (default 1)")
+    serve.add_argument("--gpus-per-replica", type=positive_float, metavar="G",
+                       help="with --ray: GPUs each replica takes (default 0)")
     add_weights_option(serve)
     add_store_option(serve)
     serve.set_defaults(func=cmd_serve)

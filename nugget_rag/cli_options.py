@@ -65,6 +65,20 @@ def ray_address(value: str) -> str:
                                      "--ray after the PATHs, or as --ray=ADDRESS")
 
 
+def replica_range(value: str) -> tuple[int, int | None]:
+    """--replicas: N (fixed), or MIN..MAX (autoscaled); each >= 1."""
+    low, dots, high = value.partition("..")
+    try:
+        bounds = (int(low), int(high) if dots else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not N or MIN..MAX (e.g. 2, or 1..4)") from None
+    if min(b for b in bounds if b is not None) < 1:
+        raise argparse.ArgumentTypeError(f"replicas must be >= 1, got {value}: a deployment needs one to answer")
+    if bounds[1] is not None and bounds[1] < bounds[0]:
+        raise argparse.ArgumentTypeError(f"{value}: MIN is above MAX")
+    return bounds
+
+
 def add_store_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", metavar="REDIS_URL",
                         help="keep the nuggets in this Redis (redis://HOST:PORT/DB, the [redis] extra), shared by "

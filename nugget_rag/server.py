@@ -278,12 +278,14 @@ class _Stream(StreamingResponse):
 
 def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int = 32,
                max_body_bytes: int = 1 << 20, max_batch: int = 8, request_timeout_s: float = 600,
-               api_key: str | None = None, max_ingest_documents: int = 100):
+               api_key: str | None = None, max_ingest_documents: int = 100,
+               ingest_documents: Callable[[list[Document]], int] | None = None):
     """The server (an ASGI app) over a loaded `NuggetIndex` (its compressor, store and FAISS index); `index_dir`:
     the index's directory, which /ingest updates as `nugget-rag ingest` does (None: the index stays in memory);
     `request_timeout_s`: a request still under way after this long stops at its next step (504); `api_key`: the key every path
     but /health needs (None: none); `max_ingest_documents`: the most documents one /ingest or /compress request
-    takes (more: 413; POST /ingest/jobs takes more, in the background)."""
+    takes (more: 413; POST /ingest/jobs takes more, in the background); `ingest_documents`: how /ingest and its jobs add
+    documents instead, returning the new chunks, which `index` then holds (a Ray cluster's, integrations/ray_serve.py)."""
     from .integrations import NuggetIndex, build_qa_chain, reading_view
 
     @asynccontextmanager
@@ -491,6 +493,9 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         chunks). Returns the number of new chunks. Once `stop()` is true the ingest stops at its next step and
         raises RequestCancelled, the index as it was (states stored meanwhile stay in the store)."""
         nonlocal index, published
+        if ingest_documents is not None:
+            with cancellable(stop):
+                return ingest_documents(docs)
         if index_dir is None:
             with cancellable(stop):
                 compressor.invoke(index.split(docs))  # into the store, where index.ingest then finds them

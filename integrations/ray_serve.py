@@ -1,0 +1,266 @@
+"""`nugget-rag serve --ray`: the HTTP server (server.py's create_app) as a Ray Serve deployment of model replicas.
+
+    connect("head:6379")
+    serve_index(index_dir, compressor, embeddings, RayServeOptions(min_replicas=2, max_replicas=8), model=loader)
+
+Every replica loads one model (`ModelLoader`, as an ingest worker does) and refuses to start when its fingerprint is
+not the driver's; the driver itself refuses an index whose nuggets another model made, before any replica starts.
+The replicas read one shared nugget store (Redis, or a directory every node sees) and one index directory (a
+filesystem every node mounts at the same path). Before each use a replica checks the index's manifest (one stat);
+when another replica's ingest replaced it, it loads the new one, so an ingest through any replica is seen by all.
+POST /ingest (and its background jobs) runs on Ray Data (`ingest_distributed`), under the directory's lock.
+
+Routes, API key, streaming and OpenAI compatibility are the single-process server's; /health and /metrics describe
+the replica that answered, named by every response's `x-nugget-replica` header. With `max_replicas`, Serve scales
+between the bounds on the requests in flight per replica (`target_ongoing_requests`); a replica being replaced
+(an update, a scale-down) takes no new request and finishes those it has, for up to `graceful_shutdown_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nugget_rag.compressor import NuggetCompressor
+from nugget_rag.config import MergedFormat
+from nugget_rag.model import NuggetModel
+
+from .faiss_store import MANIFEST_FILE, IndexFileError, NuggetIndex, read_manifest
+from .ray_ingest import (
+    COMPRESSOR_SETTINGS,
+    ModelLoader,
+    ModelMismatchError,
+    RayIngestOptions,
+    StoreLocation,
+    connect,
+    ingest_distributed,
+)
+
+try:
+    import ray
+    from ray import serve
+except ImportError as err:  # an extra
+    raise ImportError(f"{err.name} is not installed: serving on Ray needs nugget-rag's [ray] extra "
+                      "(pip install 'nugget-rag[ray]')") from err
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "nugget-rag"
+REPLICA_HEADER = "x-nugget-replica"
+
+
+class RayServeOptions(BaseModel):
+    """How many replicas serve, what each takes, and where Serve listens."""
+
+    address: str | None = Field(None, description="the Ray cluster (as RayIngestOptions.address); None: the Ray "
+                                "this process runs, else a new local one")
+    min_replicas: int = Field(1, ge=1, description="replicas at least (and at start)")
+    max_replicas: int | None = Field(None, ge=1, description="replicas at most, Serve scaling between the bounds on "
+                                     "the requests in flight; None: min_replicas, fixed")
+    target_ongoing_requests: float = Field(8, gt=0, description="requests in flight per replica the autoscaler "
+                                           "aims at (the server's max_batch decodes together)")
+    cpus_per_replica: float = Field(1.0, gt=0, description="CPUs each replica takes (and its torch threads, at "
+                                    "least 1)")
+    gpus_per_replica: float = Field(0.0, ge=0)
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    graceful_shutdown_timeout_s: float = Field(600, gt=0, description="how long a replica being stopped finishes "
+                                               "the answers it has (the server's request timeout)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RayServeOptions:
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas={self.max_replicas} is below min_replicas={self.min_replicas}; give "
+                             "MIN..MAX with MIN <= MAX")
+        return self
+
+    def deployment_options(self, max_pending: int) -> dict[str, Any]:
+        """Serve's deployment options; a replica takes up to `max_pending` requests, as the server admits."""
+        if self.max_replicas is None:
+            scale: dict[str, Any] = {"num_replicas": self.min_replicas}
+        else:
+            scale = {"autoscaling_config": {"min_replicas": self.min_replicas, "initial_replicas": self.min_replicas,
+                                            "max_replicas": self.max_replicas,
+                                            "target_ongoing_requests": self.target_ongoing_requests}}
+        return {**scale, "max_ongoing_requests": max_pending,
+                "ray_actor_options": {"num_cpus": self.cpus_per_replica, "num_gpus": self.gpus_per_replica},
+                "graceful_shutdown_wait_loop_s": 1.0,
+                "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s}
+
+
+class ReplicaSpec(BaseModel):
+    """What each replica loads: the model, the driver compressor's settings and fingerprint, the store, the index
+    directory and embeddings, create_app's arguments, and how its ingests run."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    load_model: Callable[[], NuggetModel]
+    settings: dict[str, Any]
+    weights: MergedFormat
+    fingerprint: str
+    store: StoreLocation
+    index_dir: str
+    embeddings: Embeddings
+    app: dict[str, Any]
+    threads: int = Field(1, ge=1)
+    ingest: RayIngestOptions
+
+
+# ---------------------------------------------------------------------------------------------- a replica
+class SharedIndex:
+    """The index saved in a directory that other processes update: each use reads the one saved last (the manifest's
+    stat tells; it is replaced whole on every save). Otherwise a NuggetIndex, on one compressor throughout."""
+
+    def __init__(self, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings):
+        self.directory, self.compressor, self.embeddings = Path(directory), compressor, embeddings
+        self._lock = threading.Lock()
+        self._stamp: tuple | None = ()
+        self._index: NuggetIndex | None = None
+        self.current()
+
+    def current(self) -> NuggetIndex:
+        """The index as saved last: loaded again when its manifest changed since."""
+        stamp = self._manifest_stamp()
+        with self._lock:
+            if stamp != self._stamp or self._index is None:
+                self._index, self._stamp = self._load(), stamp
+            return self._index
+
+    def _manifest_stamp(self) -> tuple | None:
+        try:
+            found = (self.directory / MANIFEST_FILE).stat()
+        except FileNotFoundError:
+            return None
+        return found.st_ino, found.st_mtime_ns, found.st_size
+
+    def _load(self) -> NuggetIndex:
+        for attempt in range(3):  # a save may delete the files the manifest read a moment ago named
+            try:
+                index = NuggetIndex.open(self.directory, self.compressor, self.embeddings)
+                break
+            except (FileNotFoundError, IndexFileError):
+                if attempt == 2:
+                    raise
+        if index.compressor.fingerprint != self.compressor.fingerprint:
+            raise ModelMismatchError(f"the index in {self.directory} was opened with another compressor than the "
+                                     "replica's (another store or nugget floor)")
+        log.info("loaded the index in %s: %d chunks", self.directory, len(index))
+        return index
+
+    def __len__(self) -> int:
+        return len(self.current())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.current(), name)
+
+
+class NuggetReplica:
+    """A Serve replica: one model, the shared store and index, and create_app's server over them."""
+
+    def __init__(self, spec: ReplicaSpec):
+        torch.set_num_threads(spec.threads)
+        compressor = NuggetCompressor(model=spec.load_model(), store=spec.store.open(), **spec.settings)
+        compressor.model.merged_format = spec.weights
+        if compressor.fingerprint != spec.fingerprint:
+            raise ModelMismatchError(
+                f"this replica's nugget model ({compressor.model.base_name}, fingerprint {compressor.fingerprint}) is "
+                f"not the driver's (fingerprint {spec.fingerprint}); load the driver's checkpoint, base model and "
+                "dtype on every node (--checkpoint/--base-model)")
+        self.spec = spec
+        self.index = SharedIndex(spec.index_dir, compressor, spec.embeddings)
+        self.name = serve.get_replica_context().replica_id.unique_id
+
+    def ingest(self, documents: list[Document]) -> int:
+        """Add `documents` on Ray Data, under the index directory's lock; every replica sees them once saved."""
+        index, options = self.index.current(), self.spec.ingest
+        free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
+        workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
+        settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap}
+        with NuggetIndex.updating(self.spec.index_dir, self.index.compressor, self.spec.embeddings,
+                                  **settings) as updated:
+            added = ingest_distributed(updated, documents, options.model_copy(update={"workers": workers}),
+                                       model=self.spec.load_model)
+        self.index.current()  # this replica's next answer reads it
+        return added
+
+    def __serve_build_asgi_app__(self):
+        from nugget_rag.server import create_app
+
+        return _named(create_app(self.index, ingest_documents=self.ingest, **self.spec.app), self.name)
+
+
+def _named(app, replica: str):
+    """`app`, every response of which names the replica in REPLICA_HEADER."""
+    header = (REPLICA_HEADER.encode(), replica.encode())
+
+    async def named(scope, receive, send):
+        async def send_named(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), header]}
+            await send(message)
+
+        await app(scope, receive, send_named)
+
+    return named
+
+
+# ---------------------------------------------------------------------------------------------- the driver
+def check_index_model(index_dir: str | Path, compressor: NuggetCompressor) -> None:
+    """Refuse to serve an index whose nuggets another model (or ratio, or floor) made: a ModelMismatchError naming
+    both. An index with no chunks yet takes any model."""
+    manifest = read_manifest(index_dir) or {}
+    saved = manifest.get("nugget_fingerprint")
+    if manifest.get("count") and saved != compressor.fingerprint:
+        raise ModelMismatchError(
+            f"the index in {index_dir} holds nuggets of {manifest.get('nugget_model')} at r = {manifest.get('ratio')} "
+            f"(fingerprint {saved}), not of the model given ({compressor.model.base_name}, fingerprint "
+            f"{compressor.fingerprint}); serve it with the checkpoint and base model it was ingested with, or "
+            "ingest into a new index directory")
+
+
+def replica_spec(index_dir: str | Path, compressor: NuggetCompressor, embeddings: Embeddings,
+                 options: RayServeOptions, model: ModelLoader | Callable[[], NuggetModel],
+                 app: dict[str, Any]) -> ReplicaSpec:
+    """What each replica loads, for the driver's compressor (its store must be one the replicas reach)."""
+    if isinstance(model, ModelLoader) and model.dtype is None:
+        model = model.model_copy(update={"dtype": str(compressor.model.dtype).removeprefix("torch.")})
+    threads = max(1, int(options.cpus_per_replica))
+    return ReplicaSpec(
+        load_model=model, settings={name: getattr(compressor, name) for name in COMPRESSOR_SETTINGS},
+        weights=compressor.model.merged_format, fingerprint=compressor.fingerprint,
+        store=StoreLocation.of(compressor.store), index_dir=str(Path(index_dir).resolve()), embeddings=embeddings,
+        app=app, threads=threads,
+        ingest=RayIngestOptions(cpus_per_worker=options.cpus_per_replica,
+                                gpus_per_worker=options.gpus_per_replica, threads_per_worker=threads))
+
+
+def serve_index(index_dir: str | Path, compressor: NuggetCompressor, embeddings: Embeddings,
+                options: RayServeOptions, model: ModelLoader | Callable[[], NuggetModel] | None = None,
+                **app: Any) -> str:
+    """Serve the index in `index_dir` from replicas on the Ray cluster (create_app's keyword arguments in `app`,
+    but its index and index_dir); returns the URL. Refused before any replica starts: an index of another model, a
+    store the replicas cannot reach, an unreachable cluster. Returns once the replicas answer; `serve.delete(APP_NAME)`
+    stops them."""
+    check_index_model(index_dir, compressor)
+    spec = replica_spec(index_dir, compressor, embeddings, options, model or ModelLoader(), app)
+    connect(options.address)
+    if spec.store.directory is not None and len(ray.nodes()) > 1:
+        log.warning("the nuggets are in the directory %s: every node must see it (a shared filesystem), else use a "
+                    "Redis store", spec.store.directory)
+    serve.start(http_options={"host": options.host, "port": options.port})
+    deployment = serve.deployment(serve.ingress()(NuggetReplica), name="NuggetReplica")
+    deployment = deployment.options(**options.deployment_options(app.get("max_pending", 32)))
+    serve.run(deployment.bind(spec), name=APP_NAME, route_prefix="/")
+    return f"http://{options.host}:{options.port}"
+
+
+__all__ = ["APP_NAME", "REPLICA_HEADER", "NuggetReplica", "RayServeOptions", "ReplicaSpec", "SharedIndex",
+           "check_index_model", "replica_spec", "serve_index"]

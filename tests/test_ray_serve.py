@@ -1,0 +1,238 @@
+"""`nugget-rag serve --ray`: the server as 2 Ray Serve replicas (a local Ray of 2 CPUs, the tiny model, a Redis
+store): the single-process server's answers, an ingest through one replica seen by the other, a killed replica that
+loses no other request, and bad input refused before any replica starts."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'nugget-rag[ray]')")
+serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ray[serve]')")
+pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
+
+from fastapi.testclient import TestClient  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
+from test_integrations import HashEmbeddings  # noqa: E402
+from tiny import tiny_base  # noqa: E402
+
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching, cli  # noqa: E402
+from nugget_rag.integrations import NuggetIndex  # noqa: E402
+from nugget_rag.integrations.ray_ingest import ModelMismatchError  # noqa: E402
+from nugget_rag.integrations.ray_serve import (  # noqa: E402
+    APP_NAME,
+    REPLICA_HEADER,
+    RayServeOptions,
+    serve_index,
+)
+from nugget_rag.server import create_app  # noqa: E402
+
+TESTS = Path(__file__).parent
+TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
+         "Sourdough bread needs flour, water, salt and a starter culture."]
+QUESTION = {"question": "What does the falcon do?", "k": 1, "max_new_tokens": 6}
+
+
+class TinyLoader(BaseModel):
+    """The tiny model, as a replica loads it; `step_s`: decoding sleeps this long a step there (answers last)."""
+
+    seed: int = 0
+    step_s: float = 0.0
+
+    def __call__(self) -> NuggetModel:
+        if self.step_s:
+            steps, pause = batching.generation_steps, self.step_s
+
+            def slow(*args, **kwargs):
+                for step in steps(*args, **kwargs):
+                    time.sleep(pause)
+                    yield step
+
+            batching.generation_steps = slow
+        return NuggetModel(tiny_base(self.seed), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+
+
+def tiny_compressor(store: NuggetStore, seed: int = 0) -> NuggetCompressor:
+    return NuggetCompressor(model=TinyLoader(seed=seed)(), store=store)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    from test_redis import RedisServer  # skips, saying why, where redis-server or the client is missing
+
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def served(redis_url, tmp_path_factory):
+    """2 replicas (half a CPU each: the other CPU runs the ingest's Ray Data worker) over an empty index directory."""
+    path = os.pathsep.join([str(TESTS.parent), str(TESTS)])  # the replicas import this checkout, tiny, HashEmbeddings
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    index_dir = tmp_path_factory.mktemp("index")
+    port = free_port()
+    options = RayServeOptions(min_replicas=2, cpus_per_replica=0.5, port=port)
+    try:
+        serve_index(index_dir, tiny_compressor(NuggetStore.from_redis(redis_url)), HashEmbeddings(), options,
+                    model=TinyLoader(step_s=0.05), max_batch=4)
+        yield {"port": port, "index_dir": index_dir}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, str, dict | list]:
+    """One request: its status, the replica that answered, and its JSON (a list of lines for NDJSON)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        connection.request(method, path, json.dumps(body) if body is not None else None,
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        text = response.read().decode()
+        lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+        return response.status, response.getheader(REPLICA_HEADER), lines if len(lines) > 1 else lines[0]
+    finally:
+        connection.close()
+
+
+def replicas_seen(port: int, tries: int = 40) -> dict[str, dict]:
+    """Each replica's /health, by name (asked until both answered)."""
+    seen: dict[str, dict] = {}
+    for _ in range(tries):
+        status, name, health = request(port, "GET", "/health")
+        assert status == 200
+        seen[name] = health
+        if len(seen) == 2:
+            break
+    return seen
+
+
+@pytest.fixture(scope="module")
+def ingested(served):
+    """TEXTS ingested through one replica (on Ray Data)."""
+    status, name, added = request(served["port"], "POST", "/ingest", {"documents": TEXTS})
+    assert status == 200 and added == {"added": 2, "chunks": 2}
+    return name
+
+
+def test_a_second_replica_sees_an_index_ingested_through_the_first(served, ingested):
+    seen = replicas_seen(served["port"])
+    assert len(seen) == 2 and ingested in seen
+    assert [health["chunks"] for health in seen.values()] == [2, 2]
+
+
+def without_cache(answer: dict) -> dict:
+    """The answer but its prompt cache's details (a replica's cache may be warm)."""
+    return {**answer, "usage": {k: v for k, v in answer["usage"].items() if k != "input_token_details"}}
+
+
+def test_answers_equal_the_single_process_servers(served, ingested, redis_url):
+    index = NuggetIndex.load(served["index_dir"], tiny_compressor(NuggetStore.from_redis(redis_url)),
+                             HashEmbeddings())
+    with TestClient(create_app(index)) as client:
+        alone = client.post("/ask", json={**QUESTION, "stream": False}).json()
+        chat = {"messages": [{"role": "user", "content": QUESTION["question"]}], "max_tokens": 6, "k": 1}
+        alone_chat = client.post("/v1/chat/completions", json=chat).json()
+    for _ in range(4):  # both replicas, most likely
+        status, _, answer = request(served["port"], "POST", "/ask", {**QUESTION, "stream": False})
+        assert status == 200 and without_cache(answer) == without_cache(alone)
+    status, _, lines = request(served["port"], "POST", "/ask", QUESTION)  # streamed: the same text
+    assert "".join(line.get("text", "") for line in lines) == alone["answer"] and lines[-1]["sources"]
+    status, _, completion = request(served["port"], "POST", "/v1/chat/completions", chat)
+    assert completion["choices"] == alone_chat["choices"] and completion["usage"] == alone_chat["usage"]
+
+
+def test_bad_input_is_refused_before_any_replica_starts(served, ingested, redis_url, tmp_path, capsys, monkeypatch):
+    address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli, "ray_model_loader", lambda args: TinyLoader())
+    started = []
+    monkeypatch.setattr(serve, "run", lambda *args, **kwargs: started.append(args))
+    serving = ["serve", "--index", str(served["index_dir"]), "--store", redis_url, "--port", str(free_port())]
+
+    assert cli.main([*serving, f"--ray={address}"]) == 2
+    assert f"cannot reach the Ray cluster at {address}" in capsys.readouterr().err
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    assert cli.main([*serving[:3], "--store", unreachable, "--ray"]) == 2
+    assert f"cannot reach Redis at {unreachable}" in capsys.readouterr().err
+    for replicas in ("0", "3..1", "two"):
+        assert cli.main([*serving, "--ray", "--replicas", replicas]) == 2
+        assert "--replicas" in capsys.readouterr().err
+    assert cli.main([*serving, "--replicas", "2"]) == 2
+    assert "add --ray" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: tiny_compressor(
+        NuggetStore.from_redis(args.store), seed=1))
+    assert cli.main([*serving, "--ray", "--replicas", "2"]) == 2
+    assert f"the index in {served['index_dir']} holds nuggets of tiny-llama" in capsys.readouterr().err
+    with pytest.raises(ModelMismatchError, match="serve it with the checkpoint and base model it was ingested with"):
+        serve_index(served["index_dir"], tiny_compressor(NuggetStore.from_redis(redis_url), seed=1), HashEmbeddings(),
+                    RayServeOptions(), model=TinyLoader(seed=1))
+    assert not started and serve.status().applications[APP_NAME].status == "RUNNING"
+
+
+def test_replicas_autoscale_between_the_bounds_on_requests_in_flight():
+    options = RayServeOptions(min_replicas=1, max_replicas=4, target_ongoing_requests=6).deployment_options(32)
+    assert options["autoscaling_config"] == {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 4,
+                                             "target_ongoing_requests": 6}
+    assert options["max_ongoing_requests"] == 32 and options["graceful_shutdown_timeout_s"] == 600
+    assert RayServeOptions(min_replicas=3).deployment_options(8)["num_replicas"] == 3
+    with pytest.raises(ValueError, match="max_replicas=1 is below min_replicas=2"):
+        RayServeOptions(min_replicas=2, max_replicas=1)
+
+
+def stream(port: int, started: list) -> dict:
+    """A long streamed answer (6 s): the replica that gives it (None: it failed before its response started), and
+    whether it ended with its sources."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        connection.request("POST", "/ask", json.dumps({**QUESTION, "max_new_tokens": 120}),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        name = response.getheader(REPLICA_HEADER)
+        if response.status != 200:
+            return {"replica": name, "whole": False}
+        lines = [json.loads(response.readline())]
+        started.append(name)
+        try:
+            lines += [json.loads(line) for line in response if line.strip()]
+        except (http.client.HTTPException, OSError, ValueError):
+            pass
+        return {"replica": name, "whole": "sources" in lines[-1]}
+    finally:
+        connection.close()
+
+
+def test_a_replica_killed_mid_stream_loses_no_other_request(served, ingested):
+    started: list[str] = []
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(stream, served["port"], started) for _ in range(4)]
+        deadline = time.monotonic() + 60
+        while len(set(started)) < 2 and time.monotonic() < deadline:  # both replicas are answering
+            time.sleep(0.02)
+        victim = started[-1]  # its answer has just started
+        actor = next(a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(victim))
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+        results = [future.result() for future in futures]
+    assert len(set(started)) == 2
+    assert not all(r["whole"] for r in results if r["replica"] == victim)  # killed mid-stream
+    survivor = [r for r in results if r["replica"] not in (victim, None)]
+    assert survivor and all(r["whole"] for r in survivor)
+    status, name, _ = request(served["port"], "POST", "/ask", {**QUESTION, "stream": False})
+    assert status == 200 and name != victim
