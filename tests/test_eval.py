@@ -261,6 +261,14 @@ def test_qa_finish_sentence_only_extends_the_answers_and_is_part_of_the_setup(mo
     assert soft["tasks"]["squad"]["setup"]["finish_sentence"] == 20 and "finish_sentence" not in hard["tasks"]["squad"]["setup"]
 
 
+def test_keep_ratio_sets_the_resolution_systems_store_floor_and_the_answers_stay(model, data_dir):
+    runs = {floor: run(config(data_dir, None, tasks=["squad_rag"], systems=["default_reading"], limit=3,
+                              keep_ratio=floor), model=model) for floor in (1.0, 4.0)}
+    assert runs[1.0]["tasks"]["squad_rag"]["setup"]["keep_ratio"] == 1.0
+    assert "keep_ratio" not in runs[4.0]["tasks"]["squad_rag"]["setup"]  # the default
+    assert [p["output"] for p in runs[1.0]["predictions"]] == [p["output"] for p in runs[4.0]["predictions"]]
+
+
 def test_resume_keeps_matching_cells_and_merges_other_tasks(model, data_dir, tmp_path, monkeypatch):
     """--resume computes only missing cells, carries other tasks' cells into one report, and recomputes a task
     whose setup changed; a run stopped after some cells leaves them saved."""

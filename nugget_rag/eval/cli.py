@@ -76,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="squad_rag: passages per question, the gold one among retrieved ones (default 4)")
     parser.add_argument("--qa-prompt", metavar="TEMPLATE", help="QA instruction with {question} (default: the "
                         "paper's, App. D)")
+    parser.add_argument("--keep-ratio", type=float, metavar="R", help="the store floor of the resolution systems' "
+                        "compressor (default 4, as NuggetCompressor's; 1 keeps every position)")
     parser.add_argument("--qa-finish-sentence", type=int, metavar="N", help="QA: up to N tokens past the limit to end "
                         "the sentence it cut (default 0: the paper's hard limit of 64)")
     parser.add_argument("--speed-docs", type=int, nargs="+", metavar="N", help="documents per question (default 1 4 16)")
@@ -118,6 +120,8 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
         values["rag_passages"] = args.rag_passages
     if args.qa_prompt:
         values["qa_prompt"] = args.qa_prompt
+    if args.keep_ratio is not None:
+        values["keep_ratio"] = args.keep_ratio
     if args.qa_finish_sentence:
         values["qa_finish_sentence"] = args.qa_finish_sentence
     if args.lm_window:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..config import Decoding, MergedFormat
+from ..config import PROBE_RATIO, Decoding, MergedFormat
 from ..prompts import QA_PROMPT, check_template, takes_question
 
 TASKS = ("autoencoding", "squad", "cnndm", "lm", "hotpotqa", "long_cnndm", "squad_rag", "hotpotqa_rag")
@@ -81,6 +81,8 @@ class EvalConfig(BaseModel):
     threads: int | None = Field(None, ge=1)
     batch_size: int = Field(4, ge=1)
     qa_max_new_tokens: int = Field(64, ge=1, description="Paper App. E: at most 64 new tokens.")
+    keep_ratio: float = Field(PROBE_RATIO, ge=1.0, description="The store floor of the resolution systems' compressor "
+                              "(NuggetCompressor.keep_ratio): the finest ratio its stored states keep.")
     qa_finish_sentence: int = Field(0, ge=0, description="QA: past qa_max_new_tokens, up to this many more tokens to "
                                     "end the sentence the limit cut (GenerationSettings.finish_sentence; 0: the paper's hard limit).")
     qa_prompt: str = Field(QA_PROMPT, description="QA instruction with a {question} placeholder (paper App. D).")

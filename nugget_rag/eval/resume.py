@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 from ..checkpoint_files import DEFAULT_CHECKPOINT, WEIGHTS_FILE, default_checkpoint_for
+from ..config import PROBE_RATIO
 from ..files import write_atomic
 from ..prompts import QA_PROMPT
 from .config import EvalConfig
@@ -60,6 +61,8 @@ def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
         setup["max_new_tokens"] = cfg.qa_max_new_tokens
         if cfg.qa_prompt != QA_PROMPT:
             setup["qa_prompt"] = cfg.qa_prompt
+        if cfg.keep_ratio != PROBE_RATIO:
+            setup["keep_ratio"] = cfg.keep_ratio
         if cfg.qa_finish_sentence:
             setup["finish_sentence"] = cfg.qa_finish_sentence
     elif task.kind == "summarization":

@@ -59,7 +59,7 @@ def run(cfg: EvalConfig, model: NuggetModel | None = None, full_model: NuggetMod
     if model is None:
         model, full_model, base_model_path = load_models(cfg)
     env = Env(model=model, full_model=full_model, base_model_path=base_model_path, peer_python=peer_python,
-              batch_size=cfg.batch_size, threads=cfg.threads, show_progress=cfg.progress)
+              batch_size=cfg.batch_size, keep_ratio=cfg.keep_ratio, threads=cfg.threads, show_progress=cfg.progress)
     quality_tasks = [t for t in cfg.tasks if t != "speed"]
     data = {name: load_task(name, cfg, model) for name in quality_tasks}  # all data first: fail before computing
     systems = [get_system(name) for name in cfg.systems]

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from ...config import PROBE_RATIO
 from ...prompts import chat_token_ids, full_context_messages
 from ...state import NuggetState
 
@@ -96,6 +97,7 @@ class Env:
     base_model_path: str | None = None  # a directory a peer package can load the same base model from
     peer_python: str | None = None  # the interpreter of the peers' virtual environment
     batch_size: int = 4
+    keep_ratio: float = PROBE_RATIO  # the store floor of compressors the systems build (NuggetCompressor.keep_ratio)
     threads: int | None = None
     show_progress: bool = False
     cache: dict = field(default_factory=dict)

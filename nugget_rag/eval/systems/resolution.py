@@ -68,7 +68,8 @@ class PolicyReading(System):
     def prepare(self, env: Env, queries, ratio):
         compressor = env.cache.get("resolution_compressor")
         if compressor is None:
-            compressor = env.cache["resolution_compressor"] = NuggetCompressor(model=env.model)
+            compressor = NuggetCompressor(model=env.model, keep_ratio=env.keep_ratio)
+            env.cache["resolution_compressor"] = compressor
         out: list[Reading | Skipped] = []
         for q in queries:
             if any(len(ids) == 0 for ids in q.document_ids):
