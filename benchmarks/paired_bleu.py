@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import sacrebleu
+
+from nugget_rag.metrics import paired_difference
 
 
 def load(path: Path) -> dict[tuple[float, str], dict]:
@@ -37,10 +38,8 @@ def main() -> int:
         keys = [k for k in shared if k[0] == ratio]
         refs = [before[k]["references"][0] for k in keys]
         corpus = [sacrebleu.corpus_bleu([p[k]["output"] for k in keys], [refs]).score for p in (before, after)]
-        diff = [sacrebleu.sentence_bleu(after[k]["output"], [ref]).score
-                - sacrebleu.sentence_bleu(before[k]["output"], [ref]).score for k, ref in zip(keys, refs)]
-        mean = sum(diff) / len(diff)
-        se = math.sqrt(sum((d - mean) ** 2 for d in diff) / max(len(diff) - 1, 1) / len(diff))
+        mean, se = paired_difference(*([sacrebleu.sentence_bleu(p[k]["output"], [ref]).score for k, ref in zip(keys, refs)]
+                                       for p in (before, after)))
         print(f"| {ratio:g} | {len(keys)} | {corpus[0]:.1f} | {corpus[1]:.1f} | {mean:+.1f} ± {se:.1f} |")
     return 0
 

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from nugget_rag.base_model import load_base_model
-from nugget_rag.metrics import answer_correct
+from nugget_rag.metrics import answer_correct, paired_difference
 
 ONE, TWO = "likelihood_select", "likelihood_select_top2"
 STOPS = {"none": [], "blank line": ["\n\n"], "new line": ["\n"]}
@@ -50,11 +50,6 @@ def margin(record: dict) -> float:
     return ranked[0] - ranked[1] if len(ranked) > 1 else math.inf
 
 
-def stderr(values: list[float]) -> float:
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1) / len(values))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("predictions", type=Path)
@@ -75,9 +70,9 @@ def main() -> int:
             right = [float(answer_correct(o, found[system][q]["references"])) for o, q in zip(outputs, ids)]
             limit = [float(o == found[system][q]["output"] and len(tokenizer(o, add_special_tokens=False)["input_ids"])
                            >= MAX_NEW_TOKENS - 1) for o, q in zip(outputs, ids)]
-            diff = [r - b for r, b in zip(right, base)]
+            mean, se = paired_difference(base, right)
             row = {"correct": 100 * sum(right) / len(ids), "cut_at_limit": 100 * sum(limit) / len(ids),
-                   "paired": 100 * sum(diff) / len(ids), "paired_se": 100 * stderr(diff)}
+                   "paired": 100 * mean, "paired_se": 100 * se}
             result["stops"][f"{system}/{name}"] = row
             lines.append(f"| {name} | {system} | {row['correct']:.1f} | {row['cut_at_limit']:.0f}% | "
                          f"{row['paired']:+.1f} ± {row['paired_se']:.1f} |")
@@ -89,9 +84,9 @@ def main() -> int:
     margins = {q: margin(found[ONE][q]) for q in ids}
     for m in sorted({0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, math.inf}):
         picked = [two[q] if margins[q] <= m else one[q] for q in ids]
-        diff = [p - one[q] for p, q in zip(picked, ids)]
+        mean, se = paired_difference([one[q] for q in ids], picked)
         row = {"read_two": 100 * sum(margins[q] <= m for q in ids) / len(ids), "correct": 100 * sum(picked) / len(ids),
-               "paired": 100 * sum(diff) / len(ids), "paired_se": 100 * stderr(diff)}
+               "paired": 100 * mean, "paired_se": 100 * se}
         result["margins"][str(m)] = row
         lines.append(f"| {m:g} | {row['read_two']:.0f}% | {row['correct']:.1f} | "
                      f"{row['paired']:+.1f} ± {row['paired_se']:.1f} |")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Collection, Iterator, Sequence
 from typing import Literal, get_args
 
@@ -23,6 +22,7 @@ from .layout import NuggetLayout, decoder_positions
 from .model import NuggetModel
 from .state import NuggetState
 from .static_decoding import StaticDecoding
+from .text import ends_sentence
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,6 @@ class GenerationSettings(BaseModel):
 
 
 FinishReason = Literal["stop", "length"]
-_SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 
 
 class RowSteps(Iterator[str]):
@@ -107,10 +106,10 @@ class TextTracker:
         """Whether the text so far ends a sentence that `token` would not continue: a line break, or '.', '!' or
         '?' (closing quotes and brackets after it) with `token` starting with a space."""
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if not ends_sentence(text):
+            return False
         if text.endswith("\n"):
             return True
-        if not _SENTENCE_END.search(text):
-            return False
         return self.tokenizer.decode([*self.ids, token], skip_special_tokens=True)[len(text) : len(text) + 1].isspace()
 
     def finish(self) -> str:

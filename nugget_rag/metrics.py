@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections.abc import Sequence
@@ -49,6 +50,15 @@ def rouge(predictions: Sequence[str], references: Sequence[str]) -> dict[str, fl
         for name, score in scorer.score(ref, pred).items():
             totals[name] += score.fmeasure
     return {name: 100 * value / len(predictions) for name, value in totals.items()}
+
+
+def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+    """The mean of after - before over paired examples, and its standard error."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"need the same examples before and after, at least one: got {len(before)} and {len(after)}")
+    diff = [a - b for a, b in zip(after, before)]
+    mean = sum(diff) / len(diff)
+    return mean, math.sqrt(sum((d - mean) ** 2 for d in diff) / max(len(diff) - 1, 1) / len(diff))
 
 
 def _same_length(predictions: Sequence[str], references: Sequence[str]) -> None:

@@ -8,3 +8,11 @@ import re
 def words(text: str) -> list[str]:
     """Lowercased word tokens, as BM25 reads a text."""
     return re.findall(r"\w+", text.lower())
+
+
+_SENTENCE_END = re.compile(r"([.!?][\"')\]]*|\n)$")
+
+
+def ends_sentence(text: str) -> bool:
+    """Whether `text` ends a sentence: '.', '!' or '?' (closing quotes or brackets after it), or a line break."""
+    return _SENTENCE_END.search(text) is not None

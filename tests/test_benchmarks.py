@@ -182,3 +182,25 @@ def test_reading_plan_cuts_at_the_first_stop_and_reads_the_probes_margin():
     assert plan.cut("Paris.\n\nIt is big.", ["\n\n"]) == "Paris." and plan.cut("Paris.", ["\n"]) == "Paris."
     assert plan.margin({"info": {"relevance": [-3.0, -1.0, -1.5]}}) == pytest.approx(0.5)
     assert plan.margin({"info": {"relevance": [-2.0]}}) == float("inf")
+
+
+def test_paired_answers_pairs_questions_and_finds_answers_cut_mid_sentence(tmp_path):
+    paired = load_script("paired_answers")
+
+    def write(name, system, outputs):
+        rows = [{"task": "squad_rag", "system": system, "id": i, "output": o, "references": ["Paris"]}
+                for i, o in outputs.items()]
+        (tmp_path / f"{name}-predictions.jsonl").write_text("\n".join(json.dumps(row) for row in rows))
+        return str(tmp_path / f"{name}-predictions.jsonl")
+
+    long = "It is a city in the north of France and it is"  # 12 words: at the limit, mid-sentence
+    before = write("before", "old", {"a": "Paris.", "b": long, "c": "Lyon."})
+    after = write("after", "new", {"a": "Paris.", "b": long + " Paris, they say.", "d": "Nice."})
+    systems = paired.load(before) | paired.load(f"{after}:new")
+    rows = paired.compare(systems, lambda text: len(text.split()), limit=12)
+    assert [r["system"] for r in rows] == ["old (before)", "new (after)"] and rows[0]["questions"] == 2
+    assert (rows[0]["correct"], rows[1]["correct"], rows[1]["paired"]) == (50.0, 100.0, 50.0)
+    assert (rows[0]["reached_limit"], rows[0]["cut_mid_sentence"]) == (50.0, 50.0)
+    assert (rows[1]["reached_limit"], rows[1]["cut_mid_sentence"]) == (50.0, 0.0)  # finished its sentence
+    with pytest.raises(SystemExit, match="no predictions of system 'gone'"):
+        paired.load(f"{after}:gone")
