@@ -38,7 +38,7 @@ class GenerationSettings(BaseModel):
     stop: list[str] = Field(default_factory=list, description="Generation ends before the first of these strings.")
     finish_sentence: int = Field(
         0, ge=0, description="Past max_new_tokens, up to this many more tokens to end the sentence the limit cut (at a "
-        "'.', '!' or '?' followed by a space, or a line break); 0: the limit is hard."
+        "'.', '!' or '?' followed by whitespace, or a blank line); 0: the limit is hard."
     )
     seed: int | None = Field(None, description="Seed for sampling.")
     repetition_penalty: float = Field(
@@ -103,12 +103,12 @@ class TextTracker:
         return self._release(text)
 
     def ends_sentence_before(self, token: int) -> bool:
-        """Whether the text so far ends a sentence that `token` would not continue: a line break, or '.', '!' or
-        '?' (closing quotes and brackets after it) with `token` starting with a space."""
+        """Whether the text so far ends a sentence (`text.ends_sentence`) that `token` would not continue: whitespace
+        after it already, or `token` starting with some."""
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if not ends_sentence(text):
             return False
-        if text.endswith("\n"):
+        if text != text.rstrip():
             return True
         return self.tokenizer.decode([*self.ids, token], skip_special_tokens=True)[len(text) : len(text) + 1].isspace()
 

@@ -350,6 +350,9 @@ def test_finish_sentence_runs_past_the_limit_to_the_sentences_end(make_model, do
     assert run(11, 30) == "It naps. It costs 3.5 euros."  # a decimal point is not a sentence's end
     assert run(11, 5) == "It naps. It cost"  # at most finish_sentence tokens more
     assert run(8, 30) == "It naps."  # a limit at a sentence's end costs nothing more
+    script = doc_ids("It naps. It is\nlong. It\n\nends")
+    assert run(11, 30) == "It naps. It is\nlong."  # a line wrapped in its sentence goes on
+    assert run(22, 30) == "It naps. It is\nlong. It\n\n"  # a blank line ends one
 
 
 def test_bad_inputs_get_clear_errors(make_model, doc_ids):
