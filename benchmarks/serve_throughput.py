@@ -40,7 +40,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -208,46 +210,72 @@ def ingest(port: int, passages: list[str]) -> None:
               f"{json.loads(response.read())}", flush=True)
 
 
-def ray_main(args: argparse.Namespace) -> int:
+@contextmanager
+def redis_server(directory: str | Path) -> Iterator[str]:
+    """A redis-server of its own (no persistence, its files in `directory`) while the block runs; yields its URL."""
+    import redis
+
     if shutil.which("redis-server") is None:
-        raise SystemExit("--ray needs redis-server (apt-get install redis-server): the replicas share its store")
+        raise SystemExit("this benchmark needs redis-server (apt-get install redis-server) for its shared store")
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+                               "--save", ""], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError(f"redis-server did not answer on port {port}")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def measure_requests(port: int, questions: list[str], requests: int, clients: int, max_new_tokens: int,
+                     warm: int) -> dict:
+    """`warm` answers first (unmeasured), then `requests` streamed /ask of `questions` in turn from `clients` clients:
+    answered questions/s, errors, wall time and p50/p95 latency of the answered."""
+    with ThreadPoolExecutor(warm) as pool:
+        list(pool.map(lambda i: ask_once(port, questions[i % len(questions)], 8, False), range(warm)))
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(lambda i: ask_once(port, questions[i % len(questions)], max_new_tokens, False),
+                                range(requests)))
+    wall = time.perf_counter() - started
+    latencies = sorted(r["latency_s"] for r in results if not r["error"])
+    if not latencies:
+        raise RuntimeError(f"none of the {requests} requests to port {port} was answered")
+    return {"per_s": len(latencies) / wall, "errors": len(results) - len(latencies), "wall": wall,
+            "p50": statistics.median(latencies), "p95": latencies[int(0.95 * (len(latencies) - 1))]}
+
+
+def ray_main(args: argparse.Namespace) -> int:
     records = read_squad(args.data, "dev")[: args.requests]
     passages = list(dict.fromkeys(r["context"] for r in records))[: args.passages]
     questions = [r["question"] for r in records if r["context"] in passages]
     rows = {}
-    with tempfile.TemporaryDirectory() as work:
-        redis_port = free_port()
-        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", work,
-                                  "--save", ""], stdout=subprocess.DEVNULL)
-        try:
-            for replicas in args.replicas:
-                port = free_port()
-                command = [sys.executable, "-m", "nugget_rag.cli", "serve", "--index", f"{work}/index", "--port",
-                           str(port), "--store", f"redis://127.0.0.1:{redis_port}/0", "--ray", "--replicas",
-                           str(replicas)]
-                server = start_server(command, port)
-                try:
-                    if replicas == args.replicas[0]:
-                        ingest(port, passages)
-                    with ThreadPoolExecutor(2 * replicas) as pool:  # warm: every replica's first answers
-                        list(pool.map(lambda i: ask_once(port, questions[i], 8, False), range(2 * replicas)))
-                    started = time.perf_counter()
-                    with ThreadPoolExecutor(args.clients) as pool:
-                        results = list(pool.map(lambda i: ask_once(port, questions[i % len(questions)],
-                                                                    args.max_new_tokens, False), range(args.requests)))
-                    wall = time.perf_counter() - started
-                finally:
-                    server.send_signal(signal.SIGTERM)
-                    server.wait(120)
-                answered = [r for r in results if not r["error"]]
-                latencies = sorted(r["latency_s"] for r in answered)
-                rows[replicas] = {"per_s": len(answered) / wall, "errors": len(results) - len(answered),
-                                  "wall": wall, "p50": statistics.median(latencies),
-                                  "p95": latencies[int(0.95 * (len(latencies) - 1))]}
-                print(f"{replicas} replicas: {rows[replicas]}", flush=True)
-        finally:
-            redis.terminate()
-            redis.wait(30)
+    with tempfile.TemporaryDirectory() as work, redis_server(work) as redis_url:
+        for replicas in args.replicas:
+            port = free_port()
+            command = [sys.executable, "-m", "nugget_rag.cli", "serve", "--index", f"{work}/index", "--port",
+                       str(port), "--store", redis_url, "--ray", "--replicas", str(replicas)]
+            server = start_server(command, port)
+            try:
+                if replicas == args.replicas[0]:
+                    ingest(port, passages)
+                # warm: every replica's first answers
+                rows[replicas] = measure_requests(port, questions, args.requests, args.clients, args.max_new_tokens,
+                                                  warm=2 * replicas)
+            finally:
+                server.send_signal(signal.SIGTERM)
+                server.wait(120)
+            print(f"{replicas} replicas: {rows[replicas]}", flush=True)
     print(f"\n{args.requests} streamed /ask requests per setting, {args.clients} clients, <= {args.max_new_tokens} new "
           f"tokens, k = 2, {len(passages)} SQuAD dev passages, default model, one CPU and one torch thread a "
           "replica\n")

@@ -204,3 +204,36 @@ def test_paired_answers_pairs_questions_and_finds_answers_cut_mid_sentence(tmp_p
     assert (rows[1]["reached_limit"], rows[1]["cut_mid_sentence"]) == (50.0, 0.0)  # finished its sentence
     with pytest.raises(SystemExit, match="no predictions of system 'gone'"):
         paired.load(f"{after}:gone")
+
+
+def test_store_scale_ingest_reports_consistent_counts_bytes_and_rates(make_model, tmp_path):
+    """benchmarks/store_scale.py's core at a few passages: the directory store, no Redis, no Ray."""
+    scale = load_script("store_scale")
+    docs, questions = scale.synthetic_corpus(6)
+    assert scale.synthetic_corpus(3) == (docs[:3], questions[:3])  # passage i is the same at any size
+    assert len({d.page_content for d in docs}) == 6 and all(q.startswith("Who ") for q in questions)
+    model = make_model()
+    row = scale.directory_row(docs, scale.NuggetCompressor(model=model), scale.WordHashEmbeddings(),
+                              tmp_path / "index", batch_size=4)
+    assert row["passages"] == 6 and row["chunks"] >= 6  # characters are tokens here: a passage may make 2 chunks
+    assert row["states_written"] == row["store_entries"] == row["chunks"]
+    assert row["store_bytes"] == row["state_bytes_written"] > 0 and row["store_disk_bytes"] >= row["store_bytes"]
+    assert row["tokens"] >= sum(len(d.page_content) for d in docs)  # every character, and the overlaps
+    assert row["store_bytes_per_token"] == round(row["store_bytes"] / row["tokens"], 1)
+    assert row["index_file_bytes"] > 0 and row["passages_per_s"] > 0 and row["tokens_per_s"] > 0
+    phases = [row[f"{phase}_s"] for phase in ("split", "compress", "embed", "write")]
+    assert min(phases) >= 0 and row["split_s"] > 0 and row["compress_s"] > 0 and row["write_s"] > 0
+    assert sum(phases) + row["other_s"] == pytest.approx(row["ingest_s"], abs=0.01)
+    assert "compress" not in vars(model)  # the timed methods are the classes' again
+    with pytest.raises(ValueError, match="already holds an index"):
+        scale.directory_row(docs, scale.NuggetCompressor(model=model), scale.WordHashEmbeddings(),
+                            tmp_path / "index", batch_size=4)
+    meta = {"passages": 6, "model": "tiny", "embeddings": "word-hash-256", "batch_size": 4, "cpus": 2,
+            "machine": "x86_64", "torch_threads": 1, "load_before": 0.1, "load_after": 0.2, "started": "now",
+            "requests": 8, "clients": 2, "max_new_tokens": 4}
+    queries = {"single process": {"start_s": 1.0, "per_s": 4.0, "errors": 0, "wall": 2.0, "p50": 0.5, "p95": 0.8},
+               "Ray, 1 replica": {"start_s": 9.0, "per_s": 2.0, "errors": 0, "wall": 4.0, "p50": 1.0, "p95": 1.6}}
+    table = scale.markdown({"meta": meta, "stores": {"directory": row}, "queries": queries})
+    assert f"| directory | 6 | {row['tokens']:,} | {row['chunks']:,} |" in table
+    assert "| single process | 1.0 | 4.00 | 2.00x | 0 | 2.0 | 0.500 | 0.50x | 0.800 | 0.50x |" in table
+    assert "ratios to Ray, 1 replica" in table
