@@ -38,9 +38,9 @@ markdown-it-py markupsafe matplotlib mdurl mpmath networkx numpy packaging panda
 pyarrow pygments pyparsing python-dateutil pyyaml regex requests rich sacrebleu safetensors setuptools six sympy
 tabulate tokenizers torch tqdm transformers typing-extensions tzdata urllib3 xxhash scipy protobuf pytest iniconfig
 pluggy""".split())
-# Imported by a dependency only where installed (langsmith's tracing, portalocker's Redis locks): loaded here, never
-# needed there.
-OPTIONAL_IMPORTS = {"opentelemetry", "redis"}
+# Imported by a dependency only where installed (langsmith's tracing, portalocker's Redis locks, redis's TLS): loaded
+# here, never needed there.
+OPTIONAL_IMPORTS = {"opentelemetry", "redis", "cryptography"}
 # What the GPU scripts import (gpu_python.sh proves each importable before anything trains): training, evaluation,
 # the benchmarks, and the modules they import only when they need them.
 GPU_MODULES = ["nugget_rag", "nugget_rag.train.trainer", "nugget_rag.eval.runner",
@@ -103,10 +103,9 @@ def uncovered(modules: list[str], carried: set[str], image_has: set[str]) -> lis
     for module in modules:
         if module in sys.stdlib_module_names or module in OPTIONAL_IMPORTS or module in ("nugget_rag", "__main__"):
             continue
-        for dist in owners.get(module, []):  # none: an extension's internals, or a script of its own
-            name = canonical(dist)
-            if name not in carried and name not in image_has and name != "torch":
-                lacking.add(name)
+        names = {canonical(dist) for dist in owners.get(module, [])}  # none: an extension's internals, or a script
+        if names and not names & (carried | image_has | {"torch"}):  # several: a namespace (google), one will do
+            lacking |= names
     return sorted(lacking)
 
 
