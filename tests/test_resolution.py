@@ -259,7 +259,8 @@ def test_a_failing_policy_fails_the_call_never_a_silent_uniform_reading(compress
 
 def test_nugget_llm_reads_each_document_at_its_planned_ratio(compressor, make_model):
     docs = [Document(page_content=t, metadata={"source": f"d{i}"}) for i, t in enumerate(TEXTS)]
-    llm = NuggetLLM(compressor=compressor, max_new_tokens=4, resolution=RetrieverRank(skim_ratio=10, budget=0.6))
+    llm = NuggetLLM(compressor=compressor, max_new_tokens=4, finish_sentence=0,
+                    resolution=RetrieverRank(skim_ratio=10, budget=0.6))
     answer = llm.invoke({"documents": docs, "question": QUESTION})
     meta = answer.response_metadata
     assert [r["ratio"] for r in meta["resolution"]] == [1.0, 10.0, 10.0, 10.0]
