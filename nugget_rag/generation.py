@@ -84,12 +84,13 @@ class TextTracker:
     def __init__(self, tokenizer, stop: Sequence[str]):
         self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
         self.ids: list[int] = []
+        self.text = ""  # the ids decoded
         self.sent = 0
         self.done = False
 
     def add(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         if hits:
             self.done = True
@@ -105,7 +106,7 @@ class TextTracker:
     def ends_sentence_before(self, token: int) -> bool:
         """Whether the text so far ends a sentence (`text.ends_sentence`) that `token` would not continue: whitespace
         after it already, or `token` starting with some."""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = self.text
         if not ends_sentence(text):
             return False
         if text != text.rstrip():
@@ -113,10 +114,7 @@ class TextTracker:
         return self.tokenizer.decode([*self.ids, token], skip_special_tokens=True)[len(text) : len(text) + 1].isspace()
 
     def finish(self) -> str:
-        if self.done:
-            return ""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        return self._release(text)
+        return "" if self.done else self._release(self.text)
 
     def _release(self, text: str) -> str:
         piece = text[self.sent :]
