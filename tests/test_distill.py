@@ -138,9 +138,26 @@ def test_curriculum_samples_ratios_in_its_range_and_records_them(data, tmp_path)
     assert read_checkpoint_meta(result.final_dir)["training"]["ratios"] == [2.0, 8.0]
 
 
+def test_curriculum_draws_from_its_discrete_set_as_the_ramp_reaches_each(data, tmp_path):
+    cfg = config(tmp_path, [qa_source(data)], max_steps=3, ratios={"choices": [10, 2, 5], "ramp_steps": 4})
+    assert cfg.ratios.choices == [2, 5, 10] and cfg.ratio_range() == (2, 10)
+    trainer = Trainer(cfg, tiny_model())
+    seen: dict[int, set] = {}
+    for step in (0, 4):
+        trainer.step = step
+        for _ in range(40):
+            seen.setdefault(step, set()).add(trainer._ratio())
+            trainer.mixture.draws += 1
+    assert seen[0] == {2.0} and seen[4] == {2.0, 5.0, 10.0}
+
+
 def test_curriculum_range_is_checked(tmp_path):
     with pytest.raises(ValueError, match="below ratios.low"):
         config(tmp_path, [QA_ONE], ratios={"low": 8, "high": 2})
+    with pytest.raises(ValueError, match="not both"):
+        config(tmp_path, [QA_ONE], ratios={"low": 2, "high": 8, "choices": [2, 8]})
+    with pytest.raises(ValueError, match="needs low and high"):
+        config(tmp_path, [QA_ONE], ratios={"low": 2})
 
 
 @pytest.mark.parametrize("signal", ["observed_attention", "kvzip"])

@@ -61,17 +61,32 @@ class Distillation(BaseModel):
 
 
 class RatioCurriculum(BaseModel):
-    """Compression ratio per micro-batch (Activation Beacon): log-uniform in [low, high], where `high` grows from
-    `low` to its value over `ramp_steps` (0: the whole range from the start). None (the default): nugget.ratio."""
+    """Compression ratio per micro-batch (Activation Beacon): log-uniform in [low, high], or drawn uniformly from a
+    small discrete set (`choices`: each ratio a fixed nugget budget, so a compiled step sees a bounded number of
+    shapes; Semi-Dynamic). `high` grows from `low` over `ramp_steps` (0: the whole range from the start); with
+    `choices`, the ratios at or below the grown `high` are drawn. None (the default): nugget.ratio throughout."""
 
     model_config = ConfigDict(extra="forbid")
 
-    low: float = Field(ge=1, description="Smallest ratio sampled.")
-    high: float = Field(ge=1, description="Largest ratio sampled (once the ramp is over).")
+    low: float | None = Field(None, ge=1, description="Smallest ratio sampled (default: the smallest choice).")
+    high: float | None = Field(None, ge=1, description="Largest ratio sampled once the ramp is over (default: the "
+                                                       "largest choice).")
+    choices: list[float] | None = Field(None, min_length=1, description="A discrete set of ratios, drawn uniformly "
+                                                                        "(None: log-uniform in [low, high]).")
     ramp_steps: int = Field(0, ge=0, description="Steps over which the largest ratio grows from low to high.")
 
     @model_validator(mode="after")
     def _check(self) -> RatioCurriculum:
+        if self.choices is not None:
+            if any(r < 1 for r in self.choices):
+                raise ValueError(f"ratios.choices={self.choices} holds a ratio below 1; every ratio must be >= 1")
+            if (self.low, self.high) != (None, None):
+                raise ValueError(f"give ratios.choices={self.choices} or ratios.low/high "
+                                 f"({self.low}, {self.high}), not both")
+            self.choices = sorted(set(self.choices))
+            self.low, self.high = self.choices[0], self.choices[-1]
+        elif self.low is None or self.high is None:
+            raise ValueError("ratios needs low and high (a log-uniform range) or choices (a discrete set)")
         if self.high < self.low:
             raise ValueError(f"ratios.high={self.high} is below ratios.low={self.low}; give low <= high")
         return self

@@ -209,6 +209,9 @@ class Trainer:
         grown = min(1.0, self.step / ratios.ramp_steps) if ratios.ramp_steps else 1.0
         high = ratios.low * (ratios.high / ratios.low) ** grown
         u = np.random.default_rng([self.config.seed, 11, self.mixture.draws]).random()
+        if ratios.choices is not None:
+            reached = [r for r in ratios.choices if r <= high * (1 + 1e-9)]
+            return float(reached[min(int(u * len(reached)), len(reached) - 1)])
         return float(ratios.low * (high / ratios.low) ** u)
 
     def _warm_start(self) -> None:
