@@ -18,6 +18,8 @@ from .config import ENCODER, MergedFormat, NuggetConfig
 from .scorer import Scorer
 from .state import NuggetState
 
+UNIDENTIFIED = "unidentified"  # the fingerprint name of states from a training pass (compress(identify=False))
+
 
 def base_digest(model: nn.Module) -> str:
     """A dtype-independent digest of the frozen base weights (a strided sample of every tensor)."""

@@ -23,7 +23,7 @@ from .attention import CaptureNuggets, ReadNuggets
 from .attention import install as install_attention
 from .base_model import BaseLM
 from .config import DECODER, ENCODER, Decoding, MergedFormat, NuggetConfig
-from .identity import Identity, base_digest
+from .identity import UNIDENTIFIED, Identity, base_digest
 from .int8 import check_int8_support
 from .layout import NuggetLayout
 from .packing import EncoderRows
@@ -204,21 +204,24 @@ class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
         return self.scorer(hidden)
 
     def compress(self, token_ids: Sequence[Sequence[int]], ratio: float | None = None, adapter: str | None = ENCODER,
-                 segment_tokens: int | None = None, ranked: bool = False, packed: bool = False) -> list[NuggetState]:
+                 segment_tokens: int | None = None, ranked: bool = False, packed: bool = False,
+                 identify: bool = True) -> list[NuggetState]:
         """Encode each document (a list of token ids) into its nuggets, in one right-padded batch (`packed`: several
         documents a row, packing.py).
 
         A document longer than `segment_tokens` (default: the model's positions less the document opening) is cut
         into segments that are compressed independently and joined into one state (each keeps its own last token).
         `ranked`: states in resolution order with floor `ratio`, readable at any coarser ratio (NuggetState.at_ratio);
-        else in reading order.
+        else in reading order. `identify=False` (a training pass, whose weights change every step) skips hashing the
+        weights into the states' fingerprint: they are tagged UNIDENTIFIED, which a NuggetStore refuses.
         """
         ratio = self.config.ratio if ratio is None else NuggetConfig(ratio=ratio).ratio
         segment_tokens = self.segment_length(segment_tokens)
         if not token_ids or min(len(t) for t in token_ids) == 0:
             raise ValueError("every document must have at least one token")
         pieces, owners = positions.split_segments(token_ids, segment_tokens)
-        fingerprint = self.fingerprint(ratio, adapter, segment_tokens, ranked)
+        fingerprint = (self.fingerprint(ratio, adapter, segment_tokens, ranked) if identify
+                       else self.state_tag(UNIDENTIFIED))
         states = self._compress_segments(pieces, ratio, adapter, fingerprint, ranked, packed)
         joined: list[list[tuple[int, NuggetState]]] = [[] for _ in token_ids]
         for (doc, start), state in zip(owners, states):

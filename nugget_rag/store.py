@@ -16,6 +16,7 @@ import torch
 from langchain_core.stores import ByteStore
 
 from .files import write_atomic
+from .identity import UNIDENTIFIED
 from .state import CorruptStateError, NuggetState
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,10 @@ class NuggetStore:
 
     def put(self, text: str, state: NuggetState) -> str:
         """Cache a detached CPU copy of `state` in memory and in the byte store; returns its key."""
+        if state.fingerprint.endswith(f":{UNIDENTIFIED}"):
+            raise ValueError("this NuggetState comes from a training pass (compress(identify=False)): its fingerprint "
+                             "does not name the weights that made it, so it cannot be stored; compress the document "
+                             "with identify=True")
         key = self.key(text, state.fingerprint)
         state = _cpu_copy(state)
         self._remember(key, state)

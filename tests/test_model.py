@@ -254,6 +254,25 @@ def test_fingerprint_tracks_what_produces_nuggets(make_model):
     assert make_model(ratio=4).fingerprint() != make_model(ratio=4, placement="before_prompt").fingerprint()
 
 
+def test_training_states_skip_the_weights_digest_and_are_never_stored(make_model, doc_ids, monkeypatch):
+    """A training pass's weights change every step: hashing them into each state would cost a device-to-host copy
+    of the encoder adapter per micro-batch. Its states equal the identified ones but cannot be stored."""
+    from nugget_rag import identity
+    from nugget_rag.store import NuggetStore
+
+    model = make_model(ratio=4)
+    doc = doc_ids(DOC)
+    identified = model.compress([doc])[0]
+    monkeypatch.setattr(identity, "weights_digest", lambda named: pytest.fail("hashed the weights"))
+    with torch.no_grad():
+        next(model.adapter_parameters(ENCODER)).add_(0.0)  # an optimiser step: the cached digest is stale
+    transient = model.compress([doc], identify=False)[0]
+    assert torch.equal(transient.keys, identified.keys) and torch.equal(transient.values, identified.values)
+    assert transient.fingerprint.endswith(":unidentified")
+    with pytest.raises(ValueError, match="training pass"):
+        NuggetStore().put(DOC, transient)
+
+
 def test_fingerprint_names_the_adapter_lora_settings_and_segments(make_model, doc_ids):
     """States compressed without the adapter, under another LoRA scaling or in other segments are other states."""
     model = make_model(ratio=4)

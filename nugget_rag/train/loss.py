@@ -20,16 +20,17 @@ from .objectives import OBJECTIVES, parts_of
 from .sources import Source
 
 
-def compress_batch(model: NuggetModel, batch: Batch, source: Source, packed: bool = False) -> list[list]:
+def compress_batch(model: NuggetModel, batch: Batch, source: Source, packed: bool = False,
+                   identify: bool = True) -> list[list]:
     """The nuggets of every example's documents (none for the full-context reference), at the batch's ratio in one
     encoder batch, or at each document's own reading (one encoder batch per ratio; r = 1 is the frozen model's
     key/values of the text, as a resolution policy reads a passage whole); `packed`: several documents a row
-    (NuggetModel.compress)."""
+    (NuggetModel.compress); `identify=False`: a training pass's states, not fingerprinted by the changing weights."""
     if source.full_context:
         return [[] for _ in batch.documents]
     if not any(batch.readings):
         states = iter(model.compress([doc for docs in batch.documents for doc in docs], ratio=batch.ratio,
-                                     packed=packed))
+                                     packed=packed, identify=identify))
         return [[next(states) for _ in docs] for docs in batch.documents]
     wanted = [(b, d, ratios[d] if ratios else batch.ratio) for b, (docs, ratios) in
               enumerate(zip(batch.documents, batch.readings)) for d in range(len(docs))]
@@ -39,7 +40,8 @@ def compress_batch(model: NuggetModel, batch: Batch, source: Source, packed: boo
         as_text = ratio == 1
         with torch.no_grad() if as_text else nullcontext():
             states = model.compress([batch.documents[b][d] for b, d in picked], ratio=ratio,
-                                    adapter=None if as_text else ENCODER, packed=packed)
+                                    adapter=None if as_text else ENCODER, packed=packed,
+                                    identify=identify)
         found.update(zip(picked, states))
     return [[found[b, d] for d in range(len(docs))] for b, docs in enumerate(batch.documents)]
 
@@ -107,7 +109,7 @@ class ObjectiveLoss(nn.Module):
             ce = F.cross_entropy(target_logits, targets)
         else:
             device = self.model.device
-            states = compress_batch(self.model, batch, source, self.packing)
+            states = compress_batch(self.model, batch, source, self.packing, identify=False)
             compared = batch
             if self.distill is not None and self.distill.positions == "all" and not source.full_context:
                 compared = replace(batch, labels=torch.where(batch.token_mask, batch.input_ids, -100))
