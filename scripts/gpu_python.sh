@@ -7,10 +7,20 @@ if [ -n "${WHEELS:-}" ]; then
   # The bundle's wheels, then the project itself from this working tree (it travels with every call, so it is never
   # older than the scripts). PYTHONSAFEPATH keeps the tree's own nugget_rag/ (which lacks the
   # nugget_rag.integrations mapping) off sys.path, so the installed package is the one imported.
+  # A later call on the same warm machine keeps the wheels installed (a marker names them) and reinstalls only the
+  # project from this call's tree.
   py=${PYTHON:-python3}
   site=/tmp/nugget-site
-  if ! "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl >>"$LOG_FILE" 2>&1 \
-     || ! "$py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$site" . \
+  wheels_id=$(cat "$WHEELS"/*.whl | sha256sum | cut -c1-16)
+  if [ "$(cat "$site/.wheels" 2>/dev/null)" = "$wheels_id" ]; then
+    log "the wheels of $WHEELS are installed in $site already"
+  elif ! "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl >>"$LOG_FILE" 2>&1; then
+    log "installing from $WHEELS failed (a wheel for another Python or platform? see $LOG_FILE): nothing trained"
+    exit 3
+  else
+    echo "$wheels_id" >"$site/.wheels"
+  fi
+  if ! "$py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$site" . \
         >>"$LOG_FILE" 2>&1; then
     log "installing from $WHEELS failed (a wheel for another Python or platform? see $LOG_FILE): nothing trained"
     exit 3
