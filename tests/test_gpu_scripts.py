@@ -78,3 +78,13 @@ def test_the_benchmark_dry_run_runs_every_part_into_three_files(tmp_path):
         names = {Path(n).name for n in tar.getnames()}
     assert {"attention-paths.json", "training-throughput.json", "step-profile.json", "speed.json"} <= names
     assert not list((ROOT / "benchmarks" / "results").glob("bench-*"))  # the tree keeps only committed reports
+
+
+def test_a_chain_call_skips_dev_scoring_and_logs_its_setup(tmp_path):
+    """EVAL_TASKS=none: the call trains and exports, scores nothing, and logs its setup seconds apart."""
+    done = run_script("gpu_session.sh", tmp_path / "out", "300", "--eval-every", "0", "--eval-generate", "0",
+                      DRY_RUN="1", CONFIG="configs/pretrain.yaml", EVAL_TASKS="none")
+    log = (tmp_path / "out" / "train.log").read_text()
+    assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
+    assert "dev.json" not in files_under(tmp_path / "out") and "no dev scoring" in log
+    assert "setup before the trainer" in log and '"first_update_s"' in log

@@ -2,6 +2,7 @@
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -774,3 +775,78 @@ def test_packed_documents_compress_to_the_padded_states_in_fewer_rows(ranked):
                      for d in docs], 0, model.tokenizer.pad_token_id)
     longest = max(map(len, docs))
     assert (batch.padded_tokens, batch.packed_tokens) == (5 * longest + 10, 3 * longest + 10)
+
+
+def training_record(export: Path) -> dict:
+    return json.loads((export / "nugget_config.json").read_text())["training"]
+
+
+def test_a_chain_appends_to_the_lineage_and_counts_on(data, tmp_path):
+    """Each run of a chain (init_from the previous export) appends a segment; the totals go on across runs, from an
+    export without a lineage (one segment of its steps) too."""
+    sources = [source("autoencoding", data)]
+    first = train(config(tmp_path / "a", sources, max_steps=3), tiny_model())
+    record = training_record(first.final_dir)
+    assert [s["updates"] for s in record["lineage"]] == [3] and record["examples"] == 3 * 2
+    assert record["tokens"] > 0 and len(record["lineage"][0]["sources"][0]["sha"]) == 12
+    second = train(config(tmp_path / "b", sources, max_steps=5, init_from=str(first.final_dir), chain=True),
+                   tiny_model())
+    record = training_record(second.final_dir)
+    assert record["steps"] == 2 and [s["updates"] for s in record["lineage"]] == [3, 2]
+    assert record["updates"] == 5 and record["chain_updates"] == 5 and record["examples"] == 5 * 2
+    assert record["tokens"] == sum(s["tokens"] for s in record["lineage"])
+    assert record["lineage"][1]["settings"]["lr"] == 1e-3 and record["lineage"][1]["device"] == "cpu"
+    lines = [json.loads(x) for x in (tmp_path / "b" / "run" / METRICS_FILE).read_text().splitlines()]
+    assert [x["step"] for x in lines if x["kind"] == "setup" and x["first_update_s"] > 0] == [1]
+    # an export from before lineages: one earlier segment of its steps, its examples unknown
+    legacy = tmp_path / "legacy"
+    shutil.copytree(first.final_dir, legacy)
+    meta = json.loads((legacy / "nugget_config.json").read_text())
+    meta["training"] = {k: meta["training"][k] for k in ("steps", "ratios", "objectives", "distill")}
+    (legacy / "nugget_config.json").write_text(json.dumps(meta))
+    third = train(config(tmp_path / "c", sources, max_steps=5, init_from=str(legacy), chain=True), tiny_model())
+    record = training_record(third.final_dir)
+    assert [s["updates"] for s in record["lineage"]] == [3, 2] and record["updates"] == 5
+    assert record["examples"] is None and record["lineage"][1]["examples"] == 4
+
+
+def test_a_chain_continues_the_learning_rate_schedule(data, tmp_path):
+    """With chain, a run from an export goes on along the schedule of the whole chain: no second warm-up."""
+    sources, optim = [source("autoencoding", data)], {"warmup_steps": 2, "lr": 1e-3}
+    straight = train(config(tmp_path / "a", sources, max_steps=6, optim=optim), tiny_model())
+    first = train(config(tmp_path / "b", sources, max_steps=3, optim=optim), tiny_model())
+    chained = train(config(tmp_path / "c", sources, max_steps=6, optim=optim, init_from=str(first.final_dir),
+                           chain=True), tiny_model())
+    assert chained.step == 3
+    assert [x["lr"] for x in chained.losses] == pytest.approx([x["lr"] for x in straight.losses][3:])
+    with pytest.raises(ValueError, match="already holds 3 updates.*raise max_steps above 3"):
+        Trainer(config(tmp_path / "d", sources, max_steps=3, init_from=str(first.final_dir), chain=True),
+                tiny_model())
+
+
+def test_init_from_adapters_of_another_shape_is_refused_by_name(data, tmp_path):
+    NuggetModel(tiny_base(), NuggetConfig(**{**NUGGET, "lora": {"rank": 8}})).save_pretrained(tmp_path / "old")
+    with pytest.raises(ValueError, match=r"lora.rank=8 \(the config: 4\).*set nugget.lora"):
+        Trainer(config(tmp_path, [source("qa", data)], init_from=str(tmp_path / "old")), tiny_model())
+
+
+def test_init_from_another_base_model_is_refused(data, tmp_path):
+    NuggetModel(tiny_base(seed=1), NuggetConfig(**NUGGET)).save_pretrained(tmp_path / "old")
+    with pytest.raises(ValueError, match="whose weights differ"):
+        Trainer(config(tmp_path, [source("qa", data)], init_from=str(tmp_path / "old")), tiny_model())
+
+
+def test_a_chain_refuses_an_export_of_another_stage(data, tmp_path):
+    first = train(config(tmp_path / "a", [source("qa", data)], max_steps=1, save_every=1), tiny_model())
+    other = [source("autoencoding", data)]
+    with pytest.raises(ValueError, match=r"stage objectives=\['qa'\]; the config trains objectives=\['autoencoding'\]"
+                                         r".*chain: false"):
+        Trainer(config(tmp_path / "b", other, init_from=str(first.final_dir), chain=True), tiny_model())
+    with pytest.raises(ValueError, match="lengths="):
+        Trainer(config(tmp_path / "b", [source("qa", data)], init_from=str(first.final_dir), chain=True,
+                       lengths={**LENGTHS, "document": 40}), tiny_model())
+    # another recipe (learning rate, batch size, ratio) continues the chain; chain off begins a new one
+    Trainer(config(tmp_path / "b", [source("qa", data)], init_from=str(first.final_dir), chain=True, batch_size=1,
+                   optim={"lr": 1e-4}, nugget={**NUGGET, "ratio": 2}), NuggetModel(tiny_base(), NuggetConfig(
+                       **{**NUGGET, "ratio": 2})))
+    Trainer(config(tmp_path / "c", other, init_from=str(first.final_dir)), tiny_model())

@@ -77,10 +77,15 @@ def save(output_dir: Path, step: int, model, optimizer: torch.optim.Optimizer, s
     return final
 
 
+def read_state(directory: Path) -> dict:
+    """A checkpoint's trainer state (trainer_state.json), without restoring anything."""
+    return json.loads((Path(directory) / STATE_FILE).read_text())
+
+
 def load(directory: Path, optimizer: torch.optim.Optimizer, scheduler) -> dict:
     """Restore optimiser, scheduler and RNG from a checkpoint; returns its trainer state (the caller loads weights)."""
     directory = Path(directory)
-    meta = json.loads((directory / STATE_FILE).read_text())
+    meta = read_state(directory)
     tensors = load_file(directory / "optimizer.safetensors")
     state: dict[int, dict] = {}
     for key, value in [*tensors.items(), *meta["optimizer"]["scalars"].items()]:

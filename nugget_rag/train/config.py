@@ -130,7 +130,13 @@ class TrainConfig(BaseModel):
     group_by_length: int = Field(0, ge=0, description="Draw this many micro-batches of a source at once and batch "
                                                      "examples of similar lengths together (less padding; 0: off).")
     max_steps: int = Field(1000, ge=0, description="Optimiser steps (the schedule spans them; 0: only the Scorer "
-                                                   "warm start, then the export).")
+                                                   "warm start, then the export). With `chain`: the whole chain's "
+                                                   "updates, this run training what the chain has not.")
+    chain: bool = Field(False, description=(
+        "Continue the chain of init_from's export (lineage.py): the learning-rate schedule goes on from the chain's "
+        "updates (no second warm-up; the cosine spans max_steps over the whole chain), and a config of another "
+        "stage (objectives, lengths, nugget settings but the ratio) is refused. false: this run begins a chain. "
+        "The optimiser state restarts unless output_dir holds a checkpoint (then the run resumes from it)."))
     max_time: float | None = Field(None, gt=0, description="Stop (with a checkpoint) after this many seconds, counted "
                                                         "from the start of setup (loading, tokenising).")
     eval_every: int = Field(100, ge=0, description="Steps between dev evaluations (0: only at the end).")

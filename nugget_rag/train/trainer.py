@@ -22,12 +22,12 @@ from pydantic import TypeAdapter
 from tqdm.auto import tqdm
 
 from ..base_model import load_base_model
-from ..checkpoint_files import DEFAULT_CHECKPOINT, checkpoint_config, default_checkpoint_for
-from ..config import DECODER, ENCODER
+from ..checkpoint_files import DEFAULT_CHECKPOINT, checkpoint_config, default_checkpoint_for, read_checkpoint_meta
+from ..config import DECODER, ENCODER, NuggetConfig
 from ..files import write_atomic
 from ..generation import GenerationSettings, generate
 from ..model import NuggetModel
-from . import checkpoint
+from . import checkpoint, lineage
 from .config import TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
 from .distill import Teacher
@@ -89,13 +89,27 @@ class Trainer:
                              f"{config.nugget.model_dump()}; pass the same settings")
         else:
             model.to(self.accelerator.device)
+        self.earlier: list[dict] = []  # the lineage this run continues (lineage.py)
         if config.init_from:
             start = _init_checkpoint(config.init_from, model)
-            trained_with = checkpoint_config(start).placement
-            if trained_with != model.config.placement:
+            trained_with = checkpoint_config(start)
+            if trained_with.placement != model.config.placement:
                 log.warning("init_from %s was trained with placement=%s; this run trains placement=%s (set "
-                            "nugget.placement to keep the checkpoint's)", start, trained_with, model.config.placement)
+                            "nugget.placement to keep the checkpoint's)", start, trained_with.placement,
+                            model.config.placement)
+            _check_lora(start, trained_with, model.config)
+            self.earlier = lineage.earlier(read_checkpoint_meta(start))
+            if config.chain:
+                lineage.check_stage(self.earlier, lineage.stage_of(config), start)
             model.load_parts(start)
+        found = checkpoint.latest(self.out)
+        if found is not None:  # a resumed run continues the lineage it began with
+            self.earlier = checkpoint.read_state(found).get("lineage", self.earlier)
+        self.offset = lineage.chain_updates(self.earlier) if config.chain else 0  # the schedule's first step
+        if self.offset and self.offset >= config.max_steps:
+            raise ValueError(f"chain: init_from's chain already holds {self.offset} updates and max_steps="
+                             f"{config.max_steps} counts the whole chain's; raise max_steps above {self.offset}")
+        self.updates = config.max_steps - self.offset  # this run's
         if config.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         if config.compile:
@@ -111,6 +125,8 @@ class Trainer:
                                        train_encoder=config.optim.encoder_lr != 0, packing=config.packing)
         self.loss, self.optimizer = self.accelerator.prepare(self.objective, self.optimizer)
         self.step = 0
+        self.tokens_before: int | None = 0  # tokens the run had read when its checkpoint was saved (None: unknown)
+        self.tokens = 0  # tokens this process has read since
         self.passes = 1  # forward/backward passes per micro-batch: doubled when one runs out of GPU memory
         if trackers:
             self.accelerator.init_trackers("nugget-rag")
@@ -231,15 +247,24 @@ class Trainer:
                           "kl_first": float(f"{losses[0]:.4g}"),
                           "kl_last": float(f"{losses[-1]:.4g}")})
 
-    def training_record(self) -> dict:
-        """How the exported parts were trained (written beside them)."""
-        cfg = self.config
+    def training_record(self, tokens: int | None) -> dict:
+        """How the exported parts were trained (written beside them): this run's settings, and the lineage with this
+        run (which read `tokens`) as its last segment."""
+        cfg, acc = self.config, self.accelerator
+        run = lineage.segment(cfg, self.step, acc.num_processes, tokens, acc.device, lineage.sources(cfg))
         return {"steps": self.step, "ratios": list(cfg.ratio_range()), "objectives": self.names,
                 "distill": cfg.distill.model_dump(mode="json") if cfg.distill.weight > 0 else None,
-                "scorer_warm_start": cfg.scorer_warm_start.model_dump(mode="json")}
+                "scorer_warm_start": cfg.scorer_warm_start.model_dump(mode="json"),
+                **lineage.record([*self.earlier, run])}
+
+    def _read_tokens(self) -> int | None:
+        """Tokens the run has read, over all processes (a collective: every process calls it)."""
+        read = int(self.accelerator.reduce(torch.tensor(self.tokens, device=self.accelerator.device), "sum"))
+        return None if self.tokens_before is None else self.tokens_before + read
 
     def _lr_factor(self, step: int) -> float:
         warmup, total = self.config.optim.warmup_steps, self.config.max_steps
+        step += self.offset
         if step < warmup:
             return (step + 1) / (warmup + 1)
         if self.config.optim.schedule == "constant":
@@ -260,12 +285,12 @@ class Trainer:
                                                                    cfg.packing)
         if self.step == 0:
             self._warm_start()
-        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="training", disable=not acc.is_local_main_process)
+        bar = tqdm(total=self.updates, initial=self.step, desc="training", disable=not acc.is_local_main_process)
         if self.step == 0 and cfg.eval_every:
             self.evaluate()  # the starting point, for the before/after comparison
         self.model.train()
-        stopped_by_time = False
-        while self.step < cfg.max_steps:
+        stopped_by_time, first = False, self.step + 1
+        while self.step < self.updates:
             tick = time.monotonic()
             batches = []
             for _ in range(cfg.grad_accum):
@@ -274,15 +299,19 @@ class Trainer:
                 batches[-1].ratio = ratio
             for batch, (loss, terms, flops) in zip(batches, self._backward(batches)):
                 window.add(self.names[batch.source], loss, batch, terms, flops)
+                self.tokens += batch.tokens
             if cfg.optim.max_grad_norm:
                 acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
+            if self.step == first:  # this call's setup: loading, tokenising, compiling, the first update
+                self._metric({"kind": "setup", "step": self.step,
+                              "first_update_s": round(time.monotonic() - self.created, 1)})
             window.seconds += time.monotonic() - tick
             bar.update(1)
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+            if self.step % cfg.log_every == 0 or self.step == self.updates:
                 line = {"kind": "train", "step": self.step, "lr": self.scheduler.get_last_lr()[0], **window.flush(),
                         "passes": self.passes, "elapsed_s": round(time.monotonic() - start, 1)}
                 losses.append(line)
@@ -291,7 +320,7 @@ class Trainer:
             timed_out = cfg.max_time is not None and time.monotonic() - self.created > cfg.max_time
             if cfg.eval_every and self.step % cfg.eval_every == 0 and not timed_out:
                 self.evaluate()
-            if self.step % cfg.save_every == 0 or timed_out or self.step == cfg.max_steps:
+            if self.step % cfg.save_every == 0 or timed_out or self.step == self.updates:
                 self._save()
             if timed_out:
                 stopped_by_time = True
@@ -300,11 +329,11 @@ class Trainer:
         bar.close()
         if not stopped_by_time and (not cfg.eval_every or self.step % cfg.eval_every):
             self.evaluate()
-        final = self.out / FINAL_DIR
+        final, tokens = self.out / FINAL_DIR, self._read_tokens()
         if acc.is_main_process:
             staging = self.out / f".tmp-{FINAL_DIR}"
             shutil.rmtree(staging, ignore_errors=True)
-            self.model.save_pretrained(staging, dtype=getattr(torch, cfg.export_dtype), training=self.training_record())
+            self.model.save_pretrained(staging, dtype=getattr(torch, cfg.export_dtype), training=self.training_record(tokens))
             checkpoint.publish(staging, final)
             self.plot()
         acc.end_training()
@@ -362,14 +391,17 @@ class Trainer:
                         "new number of steps, so the rate changes from here on", meta["max_steps"],
                         self.config.max_steps)
         self.step = meta["step"]
+        self.tokens_before = meta.get("tokens")  # None: saved before tokens were counted
         self._truncate_metrics(self.step)
         log.info("resumed from %s at step %d", found, self.step)
 
     def _save(self) -> None:
         self.accelerator.wait_for_everyone()
+        tokens = self._read_tokens()
         if self.accelerator.is_main_process:
             scaler = self.accelerator.scaler
-            state = {"data": self.mixture.state_dict(), "max_steps": self.config.max_steps,
+            state = {"data": self.mixture.state_dict(), "max_steps": self.config.max_steps, "tokens": tokens,
+                     "lineage": self.earlier,
                      "scaler": scaler.state_dict() if scaler is not None else None}
             checkpoint.save(self.out, self.step, self.model, self.optimizer, self.scheduler, state,
                             self.config.keep_last)
@@ -512,6 +544,15 @@ class _Window:
 def train(config: TrainConfig, model: NuggetModel | None = None) -> TrainResult:
     """Run (or resume) training as configured; returns where the final export went."""
     return Trainer(config, model).train()
+
+
+def _check_lora(start: str | Path, trained: NuggetConfig, config: NuggetConfig) -> None:
+    """Refuse an init_from checkpoint whose adapters have another shape than the config's."""
+    differ = [f"lora.{k}={getattr(trained.lora, k)} (the config: {getattr(config.lora, k)})"
+              for k in ("rank", "target_modules") if getattr(trained.lora, k) != getattr(config.lora, k)]
+    if differ:
+        raise ValueError(f"init_from {start} has adapters of another shape: {', '.join(differ)}; set nugget.lora to "
+                         "the checkpoint's, or start without init_from")
 
 
 def _init_checkpoint(init_from: str, model: NuggetModel) -> str | Path:
