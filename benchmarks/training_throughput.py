@@ -56,7 +56,7 @@ def sources(recipe: dict, data: Path | None, records: int | None, out: Path) -> 
             path = out / f"source{i}-first{records}.jsonl"
             path.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
             source = source.model_copy(update={"path": str(path), "format": "jsonl", "split": None, "streaming": False})
-        moved.append(source.model_dump(exclude_defaults=True) | {"objective": source.objective, "path": source.path})
+        moved.append(source.model_dump(exclude_defaults=True))
     return moved
 
 
