@@ -5,11 +5,15 @@
     python benchmarks/training_throughput.py --batch-size 128 --steps 20          # on a GPU
     python benchmarks/training_throughput.py --batch-size 64 --steps 20 --group 16 --compile both  # torch.compile
     python benchmarks/training_throughput.py --batch-size 64 --steps 20 --group 16 --attention reference fused
+    python benchmarks/training_throughput.py --config configs/pretrain.yaml --records 400 --batch-size 16 --steps 8
 
 For each `--group` value (`group_by_length`; 0: off) it draws `--padding-batches` micro-batches of the recipe's
 mixture and reports the share of padding in what the passes compute; with `--steps`, it then trains that many steps
-from the shipped checkpoint (no warm start; one dev example per source at the end) and reports tokens/s, model TFLOP/s
-and MFU (nugget_rag/train/flops.py) over the second half of the steps (the first steps of a compiled arm compile).
+from the shipped checkpoint (no warm start, no dev evaluation) and reports updates/s, tokens/s, model TFLOP/s and MFU
+(nugget_rag/train/flops.py) over the second half of the steps, the first half a warm-up (a compiled arm compiles
+there); each arm's setup (loading, tokenising) and warm-up seconds are reported apart. `--records N` caps what each
+source reads at its first N records (of its training split) before tokenising, `--data PATH` moves every source onto
+one file (as the CPU dry run does).
 `--compile both` runs each arm eager and with `compile` (torch.compile per layer), `--packing both` padded and
 packed; `--attention reference fused` runs
 each with the decoder's float-mask attention and with the fused one (TrainConfig.attention). Writes
@@ -24,14 +28,36 @@ import platform
 import shlex
 import sys
 import tempfile
+import time
 from datetime import date
+from itertools import islice
 from pathlib import Path
 
 import torch
 import yaml
 
 from nugget_rag.train.config import TrainConfig
+from nugget_rag.train.data import load_records
+from nugget_rag.train.sources import Source
 from nugget_rag.train.trainer import Trainer
+
+
+def sources(recipe: dict, data: Path | None, records: int | None, out: Path) -> list[dict]:
+    """The recipe's sources without dev evaluation: each moved onto `data`, and capped at its first `records` records
+    (written to a JSONL file under `out`, the whole file its training part)."""
+    moved = []
+    for i, entry in enumerate(recipe["data"]):
+        source = Source.model_validate(entry | ({"path": str(data), "format": "auto"} if data else {}))
+        source = source.model_copy(update={"dev_split": None, "dev_path": None})
+        if records is not None:
+            rows = list(islice(load_records(source.model_copy(update={"streaming": True}), source.split), records))
+            if not rows:
+                raise SystemExit(f"source {source.path} has no records in split {source.split!r}")
+            path = out / f"source{i}-first{records}.jsonl"
+            path.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
+            source = source.model_copy(update={"path": str(path), "format": "jsonl", "split": None, "streaming": False})
+        moved.append(source.model_dump(exclude_defaults=True))
+    return moved
 
 
 def arm_config(recipe: dict, args, group: int, compiled: bool, attention: str, packing: bool, out: Path) -> TrainConfig:
@@ -39,14 +65,17 @@ def arm_config(recipe: dict, args, group: int, compiled: bool, attention: str, p
         "output_dir": str(out / f"group{group}-compile{int(compiled)}-{attention}-packing{int(packing)}"),
         "batch_size": args.batch_size, "grad_accum": 1,
         "group_by_length": group, "max_steps": max(args.steps, 1), "scorer_warm_start": {"steps": 0},
-        "eval_every": 0, "eval_examples": 1, "eval_generate": 0, "save_every": 10**6,
+        "eval_every": 0, "eval_generate": 0, "save_every": 10**6,
         "log_every": max(args.steps // 2, 1), "threads": args.threads, "peak_tflops": args.peak_tflops,
         "compile": compiled, "attention": attention, "packing": packing,
     })
 
 
 def measure(recipe: dict, args, group: int, compiled: bool, attention: str, packing: bool, out: Path) -> dict:
+    """One arm's padding and, with --steps, its speed; its setup, warm-up and measured seconds printed apart."""
+    start = time.perf_counter()
     trainer = Trainer(arm_config(recipe, args, group, compiled, attention, packing, out))
+    setup = time.perf_counter() - start
     state = trainer.mixture.state_dict()
     batches = [trainer.mixture.next_batch() for _ in range(args.padding_batches)]
     real = sum(b.tokens for b in batches)
@@ -55,9 +84,19 @@ def measure(recipe: dict, args, group: int, compiled: bool, attention: str, pack
            "padding": round(1 - real / padded, 3), "batches": len(batches)}
     if args.steps:
         trainer.mixture.load_state_dict(state)
-        line = trainer.train().losses[-1]
-        row |= {k: line.get(k) for k in ("tokens_per_s", "model_tflops_per_s", "mfu")} | {"steps": args.steps,
-                                                                                        "padding_trained": line["padding"]}
+        tokens = [trainer.mixture.next_batch().tokens for _ in range(args.steps)]  # the batches train() draws
+        trainer.mixture.load_state_dict(state)
+        *warmup, line = trainer.train().losses
+        timed = args.steps - (warmup[-1]["step"] if warmup else 0)
+        measured = sum(tokens[-timed:]) / line["tokens_per_s"] if line["tokens_per_s"] else None
+        row |= {k: line.get(k) for k in ("tokens_per_s", "model_tflops_per_s", "mfu")} | {
+            "steps": timed, "updates_per_s": round(timed / measured, 3) if measured else None,
+            "padding_trained": line["padding"], "warmup_s": warmup[-1]["elapsed_s"] if warmup else 0.0,
+            "measured_s": round(measured, 2) if measured else None}
+    row["setup_s"] = round(setup, 1)
+    print(f"arm compile={compiled} attention={attention} packing={packing}: setup {row['setup_s']} s (loading, "
+          f"tokenising), warm-up {row.get('warmup_s', 0)} s (first steps, compiling), measured "
+          f"{row.get('measured_s', 0)} s ({row.get('steps', 0)} steps)", flush=True)
     return row
 
 
@@ -75,10 +114,15 @@ def main() -> None:
                         help="arms with the documents packed into the encoder's rows (TrainConfig.packing)")
     parser.add_argument("--attention", nargs="+", choices=["auto", "reference", "fused"], default=["auto"],
                         help="the decoder's attention in training, one arm each (TrainConfig.attention)")
+    parser.add_argument("--records", type=int, metavar="N", help="read only each source's first N records")
+    parser.add_argument("--data", type=Path, metavar="PATH", help="every source reads this file instead")
     parser.add_argument("--name", default="training-throughput")
     args = parser.parse_args()
+    if args.records is not None and args.records < 1:
+        parser.error("--records must be at least 1")
     recipe = yaml.safe_load(args.config.read_text())
     with tempfile.TemporaryDirectory() as tmp:
+        recipe["data"] = sources(recipe, args.data, args.records, Path(tmp))
         arms = {"off": [False], "on": [True], "both": [False, True]}
         rows = [measure(recipe, args, group, c, attention, packing, Path(tmp))
                 for group in args.group for c in arms[args.compile] for attention in args.attention
@@ -87,14 +131,15 @@ def main() -> None:
     base = rows[0]
     lines = [f"# Training throughput ({date.today()})", "",
              f"`python {shlex.join(sys.argv)}` on {device}; {args.config}, batch {args.batch_size}.", "",
-             "| group_by_length | compile | attention | packing | padding | tokens/s | model TFLOP/s | MFU | tokens/s vs the first row |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| group_by_length | compile | attention | packing | padding | updates/s | tokens/s | model TFLOP/s | MFU | "
+             "tokens/s vs the first row | setup s | warm-up s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         speed = row.get("tokens_per_s")
         ratio = f"{speed / base['tokens_per_s']:.2f}x" if speed and base.get("tokens_per_s") else "-"
         lines.append(f"| {row['group_by_length'] or 'off'} | {'on' if row['compile'] else 'off'} | {row['attention']} | "
-                     f"{'on' if row['packing'] else 'off'} | {row['padding']:.1%} | {speed or '-'} | "
-                     f"{row.get('model_tflops_per_s') or '-'} | {row.get('mfu') or '-'} | {ratio} |")
+                     f"{'on' if row['packing'] else 'off'} | {row['padding']:.1%} | {row.get('updates_per_s') or '-'} | "
+                     f"{speed or '-'} | {row.get('model_tflops_per_s') or '-'} | {row.get('mfu') or '-'} | {ratio} | "
+                     f"{row['setup_s']} | {row.get('warmup_s', '-')} |")
     results = Path("benchmarks/results")
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")

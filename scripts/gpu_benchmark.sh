@@ -1,17 +1,32 @@
 #!/usr/bin/env bash
-# The first thing to run on a lent GPU, bounded to BENCH_SECONDS (default 240) so that the call has time left to
-# train: one training step with the reference and the fused attention (equal loss and gradients), training
-# throughput and MFU of both, where a micro-batch's time goes, time to first token and decoding at 1, 4 and 16
-# documents (Full against nuggets, eager and with each decoding step a CUDA graph), and compiled decoding against
-# eager token for token. BENCHMARKS.md takes its GPU figures from what this writes.
+# The first (or last) thing to run on a lent GPU, bounded to BENCH_SECONDS (default 150) on a fresh machine, install
+# included, every part on a small fixed input and bounded by its own share: the pretraining stage's step
+# (configs/pretrain.yaml at batch 16 on the first 400 records of each source: updates/s, tokens/s and MFU), eager and
+# with `compile: true`, and time to first token and decoding at 1, 4 and 16 documents of 256 tokens (Full against
+# nuggets), eager and with each decoding step a CUDA graph. Each part logs its setup seconds (loading, tokenising,
+# compiling) apart from its measured ones. BENCHMARKS.md takes its GPU figures from what this writes.
 #
 #   bash scripts/gpu_benchmark.sh OUT_DIR
 #
+# Budget of a fresh H200 (150 s), each part's end planned at the sum of the shares before it (a part that ends early
+# leaves its time to the next; one that runs out of its share, or of BENCH_SECONDS, is stopped, logged, and the rest
+# run):
+#   install (bundle)            35 s
+#   pretraining step, eager     30 s   model conversion (~10 s) and loading, 400 records a source tokenised, 8 steps
+#   pretraining step, compiled  35 s   the same, its first 4 steps compiling
+#   speed, eager                20 s   1, 4 and 16 documents, a warm-up and 2 repeats of 8 tokens each
+#   speed, CUDA graphs          25 s   the same, the warm-ups recording the graphs
+#   tables and archive           5 s
+# BENCH_EXTRA=1 adds, after them, the attention paths' equality check (reference against fused, 30 s), the step
+# profile (30 s) and compiled decoding against eager token for token (30 s): give BENCH_SECONDS=240 with it.
+#
 # OUT_DIR, which must be empty, receives 3 files: bench.md (every part's table, one after another), reports.tar.gz
-# (each part's .md and .json) and bench.log. A part that runs out of its share of the time is logged and the rest run.
-# Environment: PYTHON, PARTS, WHEELS and DATA as for scripts/gpu_session.sh; BATCH (default 64) the training
-# micro-batch, STEPS (default 8) timed steps per arm; DRY_RUN=1 the CPU rehearsal: every part on a tiny random LLaMA
-# and tiny data (tests/dry_run.py), one step each, the same OUT layout.
+# (each part's .md and .json) and bench.log. The pretraining step reads ../corpus (scripts/gpu_bundle.sh's CORPUS),
+# else the bundle's ../shared/data/python-3.11-docs.jsonl for both objectives.
+# Environment: PYTHON, PARTS, CORPUS, WHEELS and DATA as for scripts/gpu_session.sh; BATCH (default 16) the training
+# micro-batch, STEPS (default 8) steps per arm, the first half a warm-up; RECORDS (default 400) records per source;
+# DRY_RUN=1 the CPU rehearsal: every part on a tiny random LLaMA and tiny data (tests/dry_run.py), two steps an arm,
+# each share times 4 (BENCH_SECONDS default 600), the same OUT layout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_benchmark.sh OUT_DIR}
@@ -21,59 +36,80 @@ if [ -d "$out" ] && [ -n "$(ls -A "$out")" ]; then
 fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-deadline=$(( $(date +%s) + ${BENCH_SECONDS:-240} ))
+scale=1
+[ -z "${DRY_RUN:-}" ] || scale=4
+deadline=$(( $(date +%s) + ${BENCH_SECONDS:-$(( 150 * scale ))} )) planned=$(( $(date +%s) + 35 * scale ))
 log() { echo "[gpu_benchmark $(date +%T)] $*" | tee -a "$out/bench.log"; }
 
 LOG_FILE="$out/bench.log"
 source scripts/gpu_bundle.sh
 source scripts/gpu_python.sh
 reports=$(mktemp -d) tag="bench-$$-"
-batch=${BATCH:-64} steps=${STEPS:-8} config=configs/recipe-r10.yaml
-model_flags=() eval_flags=() speed_flags=(--speed-docs 1 4 16)
+batch=${BATCH:-16} steps=${STEPS:-8} records=${RECORDS:-400} config=configs/pretrain.yaml
+recipe=configs/recipe-r10.yaml
+data_flags=() model_flags=() eval_flags=()
+speed_flags=(--speed-docs 1 4 16 --speed-repeats 2 --speed-doc-tokens 256 --speed-decode-steps 8 --speed-no-policy)
 if [ -n "${DRY_RUN:-}" ]; then
   dry=$(mktemp -d)
   config=$("$py" tests/dry_run.py "$dry" "$config")
-  batch=2 steps=1
+  [ -z "${BENCH_EXTRA:-}" ] || recipe=$("$py" tests/dry_run.py "$dry/recipe" "$recipe")
+  batch=2 steps=2 records=40
   model_flags=(--base-model "$dry/base" --data "$dry/data/squad-dev-v1.1.json")
   eval_flags=(--base-model "$dry/base" --data-dir "$dry/data")
-  speed_flags=(--speed-docs 1 4 --speed-repeats 1)
+  speed_flags=(--speed-docs 1 4 16 --speed-repeats 1 --speed-doc-tokens 64 --speed-decode-steps 4 --speed-no-policy
+               --task-split speed=all)  # the tiny data's test part is short
   log "dry run: every part on a tiny model and tiny data ($dry)"
+elif [ ! -d ../corpus ]; then
+  data_flags=(--data ../shared/data/python-3.11-docs.jsonl)
+  log "no ../corpus: the pretraining step reads ${data_flags[1]} for both objectives"
 fi
 
-step() {  # NAME SHARE COMMAND...: one part, bounded by SHARE seconds and the deadline, its failure logged
-  local name=$1 share=$2 left; shift 2
-  left=$(( deadline - $(date +%s) ))
-  [ "$share" -lt "$left" ] || share=$left
+step() {  # NAME SHARE COMMAND...: one part, to end by the planned end (SHARE x scale later) and the deadline
+  local name=$1 share begun
+  planned=$(( planned + $2 * scale ))
+  shift 2
+  share=$(( (planned < deadline ? planned : deadline) - $(date +%s) ))
   if [ "$share" -lt 5 ]; then
-    log "$name: skipped, BENCH_SECONDS spent"
+    log "$name: skipped, no time left"
     return 0
   fi
   log "$name (at most ${share} s)"
-  timeout "$share" "$@" >>"$out/bench.log" 2>&1 || log "$name stopped (rc $?)"
+  begun=$(date +%s)
+  if timeout "$share" "$@" >>"$out/bench.log" 2>&1; then
+    log "$name: done in $(( $(date +%s) - begun )) s"
+  else
+    log "$name stopped (rc $?)"
+  fi
 }
-step "one training step, reference and fused attention (equal loss and gradients)" 30 "$py" \
-  benchmarks/attention_paths.py --batch-size "$batch" --repeats 2 --name "$tag"attention-paths "${model_flags[@]}"
-step "training throughput: reference and fused attention, padded and packed" 80 "$py" benchmarks/training_throughput.py \
-  --config "$config" --batch-size "$batch" --steps "$steps" --group 16 --padding-batches 2 --attention reference fused \
-  --packing both \
-  --name "$tag"training-throughput
-step "step profile, fused attention" 30 "$py" benchmarks/step_profile.py --config "$config" --batch-size "$batch" \
-  --warmup 1 --attention fused --sources 2 --name "$tag"step-profile
+train_flags=(--config "$config" "${data_flags[@]}" --records "$records" --batch-size "$batch" --steps "$steps"
+             --group 16 --padding-batches 1)
+step "pretraining step, eager (setup, warm-up and measured seconds per arm)" 30 "$py" \
+  benchmarks/training_throughput.py "${train_flags[@]}" --name "$tag"pretrain-step
+step "pretraining step, compile: true (its warm-up compiles)" 35 "$py" \
+  benchmarks/training_throughput.py "${train_flags[@]}" --compile on --name "$tag"pretrain-step-compiled
+step "time to first token and decoding, Full and nuggets, eager" 20 "$py" -m nugget_rag.cli eval --tasks speed \
+  "${speed_flags[@]}" --ratios 10 --out-dir "$reports" --name speed --no-plots -q "${eval_flags[@]}"
+step "the same, each decoding step a CUDA graph" 25 "$py" -m nugget_rag.cli eval --tasks speed \
+  "${speed_flags[@]}" --ratios 10 --decoding compiled --out-dir "$reports" --name speed-compiled --no-plots -q \
+  "${eval_flags[@]}"
+parts=(pretrain-step pretrain-step-compiled speed speed-compiled)
+if [ -n "${BENCH_EXTRA:-}" ]; then
+  parts+=(attention-paths step-profile)
+  step "one training step, reference and fused attention (equal loss and gradients)" 30 "$py" \
+    benchmarks/attention_paths.py --batch-size "$batch" --repeats 2 --name "$tag"attention-paths "${model_flags[@]}"
+  step "step profile, fused attention" 30 "$py" benchmarks/step_profile.py --config "$recipe" \
+    --batch-size "$batch" --warmup 1 --attention fused --sources 2 --name "$tag"step-profile
+  if [ -z "${DRY_RUN:-}" ]; then
+    step "compiled decoding equals eager token for token (CUDA graphs)" 30 "$py" -m pytest -q -p no:cacheprovider \
+      tests/test_static_decoding.py -k cuda
+  else
+    log "compiled decoding against eager on CUDA: skipped in a dry run (it needs a GPU; the suite runs the rest)"
+  fi
+fi
 for file in benchmarks/results/"$tag"*; do  # this call's reports only, out of the tree
   [ -e "$file" ] && mv "$file" "$reports/${file#benchmarks/results/"$tag"}"
 done
-step "time to first token and decoding, Full and nuggets" 35 "$py" -m nugget_rag.cli eval --tasks speed \
-  "${speed_flags[@]}" --ratios 10 --out-dir "$reports" --name speed --no-plots -q "${eval_flags[@]}"
-if [ -z "${DRY_RUN:-}" ]; then
-  step "compiled decoding equals eager token for token (CUDA graphs)" 30 "$py" -m pytest -q -p no:cacheprovider \
-    tests/test_static_decoding.py -k cuda
-else
-  log "compiled decoding against eager on CUDA: skipped in a dry run (it needs a GPU; the suite runs the rest)"
-fi
-step "the same speed run, each decoding step a CUDA graph" 35 "$py" -m nugget_rag.cli eval --tasks speed \
-  "${speed_flags[@]}" --ratios 10 --decoding compiled --out-dir "$reports" --name speed-compiled --no-plots -q \
-  "${eval_flags[@]}"
-for name in attention-paths training-throughput step-profile speed speed-compiled; do
+for name in "${parts[@]}"; do
   echo "## $name"
   if [ -f "$reports/$name.md" ]; then cat "$reports/$name.md"; else echo "did not finish (bench.log)"; fi
   echo

@@ -132,6 +132,18 @@ def test_outputs_json_markdown_plots_and_benchmarks_section(model, data_dir, tmp
     assert again.count("<!-- nugget-rag eval: begin -->") == 1 and "### cnndm" not in again
 
 
+def test_speed_times_its_setup_apart_and_can_leave_out_the_policy(model, data_dir, tmp_path):
+    """The GPU benchmark's speed part: tokenising and warm-ups reported apart from the measured seconds."""
+    cfg = config(data_dir, tmp_path, tasks=["speed"], systems=["nugget"],
+                 speed={"documents": [1], "doc_tokens": 40, "repeats": 1, "decode_steps": 3, "policy": False})
+    run(cfg, model=model)
+    speed = json.loads((tmp_path / "eval.json").read_text())["speed"]
+    assert "adaptive" not in speed["rows"][0] and speed["measured_s"] > 0
+    assert speed["setup_s"]["model"] is None and speed["setup_s"]["warmups"] > 0  # the model was handed in
+    md = (tmp_path / "eval.md").read_text()
+    assert "Setup: tokenising the documents" in md and "resolution policy" not in md
+
+
 def test_examples_that_cannot_run_are_counted_not_dropped(model, tmp_path):
     long = "x" * 600  # the tiny model has 512 positions: Full cannot read it, so no system is scored on it
     squad = {"data": [{"paragraphs": [

@@ -3,6 +3,7 @@ brings back (at most 8 files), and bad input stops a call before anything trains
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -66,17 +67,27 @@ def test_a_limit_too_short_for_training_is_named(tmp_path):
 
 
 def test_the_benchmark_dry_run_runs_every_part_into_three_files(tmp_path):
+    """Every default part finishes within its share, logging its setup seconds apart from its measured ones."""
     done = run_script("gpu_benchmark.sh", tmp_path / "out", DRY_RUN="1")
     log = (tmp_path / "out" / "bench.log").read_text()
     assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
     assert files_under(tmp_path / "out") == ["bench.log", "bench.md", "reports.tar.gz"]
-    assert "stopped" not in log and "did not finish" not in (tmp_path / "out" / "bench.md").read_text()
-    parts = [line for line in (tmp_path / "out" / "bench.md").read_text().splitlines() if line.startswith("## ")]
-    assert parts == ["## attention-paths", "## training-throughput", "## step-profile", "## speed", "## speed-compiled"]
-    assert "skipped in a dry run" in log  # the CUDA-graph test, named with its reason
+    bench = (tmp_path / "out" / "bench.md").read_text()
+    assert "stopped" not in log and "no time left" not in log and "did not finish" not in bench
+    parts = bench.split("\n## ")
+    assert [part.splitlines()[0].removeprefix("## ") for part in parts] == [
+        "pretrain-step", "pretrain-step-compiled", "speed", "speed-compiled"]
+    for part in parts[:2]:  # the training tables: updates/s, tokens/s and MFU, setup and warm-up seconds apart
+        assert "| updates/s | tokens/s | model TFLOP/s | MFU |" in part and "| setup s | warm-up s |" in part
+    for part in parts[2:]:  # time to first token and decoding at 1, 4 and 16 documents
+        assert re.search(r"Setup: loading the model [\d.]+ s, .* warm-ups .* [\d.]+ s; measured [\d.]+ s", part)
+        assert all(f"| {documents} | 10 |" in part for documents in (1, 4, 16))
+    arms = re.findall(r"arm .*: setup [\d.]+ s \(loading, tokenising\), warm-up [\d.]+ s .* measured [\d.]+ s", log)
+    assert len(arms) == 2  # one line per training arm
+    assert log.count(": done in ") == 4
     with tarfile.open(tmp_path / "out" / "reports.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
-    assert {"attention-paths.json", "training-throughput.json", "step-profile.json", "speed.json"} <= names
+    assert {"pretrain-step.json", "pretrain-step-compiled.json", "speed.json", "speed-compiled.json"} <= names
     assert not list((ROOT / "benchmarks" / "results").glob("bench-*"))  # the tree keeps only committed reports
 
 

@@ -82,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "the sentence it cut (default 0: the paper's hard limit of 64)")
     parser.add_argument("--speed-docs", type=int, nargs="+", metavar="N", help="documents per question (default 1 4 16)")
     parser.add_argument("--speed-repeats", type=int, help="timed repeats (default 3)")
+    parser.add_argument("--speed-doc-tokens", type=int, metavar="N", help="tokens per document (default 512)")
+    parser.add_argument("--speed-decode-steps", type=int, metavar="N", help="tokens generated to time decoding "
+                        "(default 16)")
+    parser.add_argument("--speed-no-policy", action="store_true", help="leave out the default resolution policy's "
+                        "rows (Full and nuggets only)")
     parser.add_argument("--optimal", action="store_true", help="also run the Scorer's greedy-optimal study (App. A)")
     parser.add_argument("--optimal-examples", type=int, default=4, metavar="N", help="examples of that study (default 4)")
     parser.add_argument("--out-dir", type=Path, help="folder of the result files (default: a new temporary folder)")
@@ -131,6 +136,12 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
         speed["documents"] = args.speed_docs
     if args.speed_repeats:
         speed["repeats"] = args.speed_repeats
+    if args.speed_doc_tokens:
+        speed["doc_tokens"] = args.speed_doc_tokens
+    if args.speed_decode_steps:
+        speed["decode_steps"] = args.speed_decode_steps
+    if args.speed_no_policy:
+        speed["policy"] = False
     if speed:
         values["speed"] = speed
     cfg = EvalConfig(**values)

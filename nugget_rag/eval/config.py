@@ -37,6 +37,7 @@ class SpeedConfig(BaseModel):
     doc_tokens: int = Field(512, ge=8, description="Tokens per document.")
     repeats: int = Field(3, ge=1, description="Timed repeats after one warm-up (the median is reported).")
     decode_steps: int = Field(16, ge=2, description="Tokens generated to time per-token decoding.")
+    policy: bool = Field(True, description="Also time the default resolution policy over stored states.")
 
 
 class LMConfig(BaseModel):

@@ -116,12 +116,22 @@ def _bleu_by_length(results: dict, ratios: list[float]) -> list[str]:
     return out
 
 
+def _speed_seconds(speed: dict) -> str:
+    """The run's setup seconds apart from its measured ones (runs before they were timed: none)."""
+    setup = speed.get("setup_s")
+    if setup is None:
+        return ""
+    model = f"loading the model {setup['model']} s, " if setup.get("model") is not None else ""
+    return (f" Setup: {model}tokenising the documents {setup['documents']} s, warm-ups (compiling, recording CUDA "
+            f"graphs) {setup['warmups']} s; measured {speed['measured_s']} s.")
+
+
 def _speed_table(speed: dict) -> list[str]:
     where = (f"Measured on {speed['machine']}, {speed['date']}, by `{speed['command']}`. " if speed.get("command")
              else "")
     out = ["### Speed and memory" + ("" if where else " (same run)"), "",
            where + (f"Device {speed['device']}; documents of {speed['doc_tokens']} tokens; medians of {speed['repeats']} after a "
-           f"warm-up; decode latency over {speed['decode_steps'] - 1} tokens."), "",
+           f"warm-up; decode latency over {speed['decode_steps'] - 1} tokens.") + _speed_seconds(speed), "",
            ("| documents | r | nuggets | TTFT Full (s) | TTFT nuggets (s) | speed-up | decode Full (ms/tok) | "
            "decode nuggets (ms/tok) | KV docs Full / nuggets | compress (tok/s) | store hit mem / disk (ms) |"),
            "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -56,8 +56,11 @@ def run(cfg: EvalConfig, model: NuggetModel | None = None, full_model: NuggetMod
     """Evaluate; returns the results dict (also written to cfg.out_dir unless out_dir is None)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    load_s = None
     if model is None:
+        start = time.perf_counter()
         model, full_model, base_model_path = load_models(cfg)
+        load_s = round(time.perf_counter() - start, 2)
     env = Env(model=model, full_model=full_model, base_model_path=base_model_path, peer_python=peer_python,
               batch_size=cfg.batch_size, keep_ratio=cfg.keep_ratio, threads=cfg.threads, show_progress=cfg.progress)
     quality_tasks = [t for t in cfg.tasks if t != "speed"]
@@ -96,8 +99,10 @@ def run(cfg: EvalConfig, model: NuggetModel | None = None, full_model: NuggetMod
             if "speed" in cfg.tasks:
                 from .speed import run_speed
 
-                results["speed"] = {**run_speed(env, cfg), "date": results["meta"]["date"],
-                                    "machine": results["meta"]["machine"], "command": cfg.command}
+                speed = run_speed(env, cfg)
+                speed["setup_s"] = {"model": load_s, **speed["setup_s"]}
+                results["speed"] = {**speed, "date": results["meta"]["date"], "machine": results["meta"]["machine"],
+                                    "command": cfg.command}
         if cfg.optimal:
             from .optimal import run_optimal
 

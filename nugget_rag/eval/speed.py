@@ -10,7 +10,8 @@ For 1, 4 and 16 documents of about 512 tokens (the data's `split`, first tokens 
 - compression throughput: document tokens compressed per second (model.compress, no store);
 - store hit latency: getting all the documents' states from the in-memory LRU and from a directory store with a
   cold LRU (read, verified, parsed).
-Medians over `repeats` after one warm-up. Runs on the model's device (CPU, or GPU when the run uses one).
+Medians over `repeats` after one warm-up. Runs on the model's device (CPU, or GPU when the run uses one). The
+setup (tokenising the documents) and the warm-ups (compiling, recording CUDA graphs) are timed apart from the rest.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 
@@ -33,6 +36,7 @@ from ..store import NuggetStore
 from .systems.base import Env
 
 QUESTION = "What does this module do?"
+T = TypeVar("T")
 
 
 @contextmanager
@@ -70,6 +74,14 @@ def timed_generation(model, samples, prompt, adapter, steps: int, before=None, p
     return first, rest / max(count, 1)
 
 
+def repeated(repeats: int, run: Callable[[], T], warmups: list[float]) -> list[T]:
+    """`run()`'s results of `repeats` calls after one warm-up, whose seconds are appended to `warmups`."""
+    start = time.perf_counter()
+    run()
+    warmups.append(time.perf_counter() - start)
+    return [run() for _ in range(repeats)]
+
+
 def _kv_bytes(model, tokens: int) -> int:
     cfg = model.llama.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -88,13 +100,14 @@ def passages(env: Env, cfg, count: int, tokens: int) -> list[list[int]]:
     return out
 
 
-def _adaptive_entry(model, docs: list[str], prompt: list[int], prefix: list[int], sc, row: dict) -> dict:
+def _adaptive_entry(model, docs: list[str], prompt: list[int], prefix: list[int], sc, row: dict,
+                    warmups: list[float]) -> dict:
     """The default resolution policy over states already in the store (nuggets and text states): time to first token
     including the policy's probe and the store reads, per-token decoding, and the bytes stored per document token."""
     compressor = NuggetCompressor(model=model, text_states=True, keep_ratio=1)  # floor 1: the bytes of every floor
     compressor.invoke(docs)  # ingest: every state the policy may read is stored
     policy = default_resolution()
-    firsts, per_token, plans = [], [], []
+    plans = []
 
     def read():
         planned = policy.read(QUESTION, docs, compressor)
@@ -103,14 +116,12 @@ def _adaptive_entry(model, docs: list[str], prompt: list[int], prefix: list[int]
 
     adapter = policy.decoder_adapter(policy.plan(QUESTION, docs, compressor))
     with no_eos():
-        for _ in range(sc.repeats + 1):
-            f, p = timed_generation(model, None, prompt, adapter, sc.decode_steps, before=read, prefix=prefix)
-            firsts.append(f)
-            per_token.append(p)
+        firsts, per_token = zip(*repeated(sc.repeats, lambda: timed_generation(
+            model, None, prompt, adapter, sc.decode_steps, before=read, prefix=prefix), warmups))
     stored = [compressor.lookup([d])[0].stored for d in docs]
     text = [compressor.lookup([d], 1.0, adapter=None)[0].stored for d in docs]
     entry = {"policy": repr(policy), "positions": sum(r.positions for r in plans[-1]),
-             "ttft_s": statistics.median(firsts[1:]), "decode_s_per_token": statistics.median(per_token[1:]),
+             "ttft_s": statistics.median(firsts), "decode_s_per_token": statistics.median(per_token),
              "stored_bytes_per_token_by_floor": {
                  f"{floor:g}": {fmt: sum(len(s.compact(fmt).to_bytes()) for s in (state.with_floor(floor) for state in stored))
                                 / row["doc_tokens"] for fmt in KV_FORMATS} for floor in (1.0, 2.0, 4.0, 10.0)},
@@ -123,7 +134,10 @@ def _adaptive_entry(model, docs: list[str], prompt: list[int], prefix: list[int]
 
 def run_speed(env: Env, cfg) -> dict:
     model, tok, sc = env.model, env.model.tokenizer, cfg.speed
+    began = time.perf_counter()
     docs_ids = passages(env, cfg, max(sc.documents), sc.doc_tokens)
+    tokenised = time.perf_counter() - began
+    warmups: list[float] = []
     texts = [tok.decode(ids) for ids in docs_ids]
     instruction = QA_PROMPT.format(question=QUESTION)
     nugget_prefix, nugget_prompt = model.chat_prompt([{"role": "user", "content": instruction}])
@@ -140,24 +154,23 @@ def run_speed(env: Env, cfg) -> dict:
                "nugget_prompt_tokens": nugget_tokens, "kv_bytes_full_docs": _kv_bytes(model, sum(map(len, ids))),
                "kv_bytes_full_total": _kv_bytes(model, len(full_prompt))}
         if len(full_prompt) + sc.decode_steps <= model.max_positions:
-            firsts, per_token = [], []
             with no_eos():
-                for _ in range(sc.repeats + 1):
-                    f, p = timed_generation(model, [], full_prompt, None, sc.decode_steps)
-                    firsts.append(f)
-                    per_token.append(p)
-            row["ttft_full_s"], row["decode_full_s_per_token"] = median(firsts[1:]), median(per_token[1:])
+                firsts, per_token = zip(*repeated(
+                    sc.repeats, lambda: timed_generation(model, [], full_prompt, None, sc.decode_steps), warmups))
+            row["ttft_full_s"], row["decode_full_s_per_token"] = median(firsts), median(per_token)
         else:
             row["full_skipped"] = f"Full prompt exceeds the model's {model.max_positions} positions"
         row["nugget"] = {}
         for ratio in cfg.ratios:
-            compress_times = []
-            for _ in range(sc.repeats + 1):
+            def compress(ids=ids, ratio=ratio) -> tuple[float, list]:
                 _sync(model)
                 start = time.perf_counter()
                 states = model.compress(ids, ratio=ratio)
                 _sync(model)
-                compress_times.append(time.perf_counter() - start)
+                return time.perf_counter() - start, states
+
+            compress_times, compressed = zip(*repeated(sc.repeats, compress, warmups))
+            states = compressed[-1]
             memory = NuggetStore()
             with tempfile.TemporaryDirectory() as folder:
                 disk = NuggetStore(directory=folder)
@@ -176,23 +189,21 @@ def run_speed(env: Env, cfg) -> dict:
                     hit_disk.append(time.perf_counter() - start)
                     if any(state is None for state in found):
                         raise RuntimeError("a stored nugget state was not found again (store miss in the benchmark)")
-            firsts, per_token = [], []
             with no_eos():
-                for _ in range(sc.repeats + 1):
-                    f, p = timed_generation(model, None, nugget_prompt, "decoder", sc.decode_steps,
-                                             before=lambda store=memory, fp=fingerprint, texts=docs:
-                                             [store.get(t, fp) for t in texts], prefix=nugget_prefix)
-                    firsts.append(f)
-                    per_token.append(p)
+                firsts, per_token = zip(*repeated(sc.repeats, lambda store=memory, fp=fingerprint, texts=docs:
+                                                  timed_generation(model, None, nugget_prompt, "decoder",
+                                                                   sc.decode_steps, prefix=nugget_prefix,
+                                                                   before=lambda: [store.get(t, fp) for t in texts]),
+                                                  warmups))
             nuggets = sum(s.k for s in states)
             kv_docs = sum(s.keys.numel() * s.keys.element_size() + s.values.numel() * s.values.element_size()
                           for s in states)
             entry = {
-                "nuggets": nuggets, "ttft_s": median(firsts[1:]), "decode_s_per_token": median(per_token[1:]),
+                "nuggets": nuggets, "ttft_s": median(firsts), "decode_s_per_token": median(per_token),
                 "stored_bytes_per_token": {fmt: sum(len(s.compact(fmt).to_bytes()) for s in states) / row["doc_tokens"]
                                            for fmt in KV_FORMATS},
                 "kv_bytes_docs": kv_docs, "kv_bytes_total": kv_docs + _kv_bytes(model, nugget_tokens),
-                "compress_tokens_per_s": row["doc_tokens"] / median(compress_times[1:]),
+                "compress_tokens_per_s": row["doc_tokens"] / median(compress_times),
                 "store_hit_memory_s": median(hit_memory[1:]), "store_hit_disk_s": median(hit_disk[1:]),
             }
             if "ttft_full_s" in row:
@@ -201,7 +212,11 @@ def run_speed(env: Env, cfg) -> dict:
             entry["kv_reduction_docs"] = row["kv_bytes_full_docs"] / kv_docs
             entry["kv_reduction_total"] = row["kv_bytes_full_total"] / entry["kv_bytes_total"]
             row["nugget"][f"{ratio:g}"] = entry
-        row["adaptive"] = _adaptive_entry(model, docs, nugget_prompt, nugget_prefix, sc, row)
+        if sc.policy:
+            row["adaptive"] = _adaptive_entry(model, docs, nugget_prompt, nugget_prefix, sc, row, warmups)
         rows.append(row)
+    total = time.perf_counter() - began
     return {"device": str(model.device), "question": QUESTION, "doc_tokens": sc.doc_tokens, "repeats": sc.repeats,
-            "decode_steps": sc.decode_steps, "rows": rows, "skipped": skipped}
+            "decode_steps": sc.decode_steps, "rows": rows, "skipped": skipped,
+            "setup_s": {"documents": round(tokenised, 2), "warmups": round(sum(warmups), 2)},
+            "measured_s": round(total - tokenised - sum(warmups), 2)}
