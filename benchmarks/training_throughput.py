@@ -68,6 +68,9 @@ def arm_config(recipe: dict, args, group: int, compiled: bool, attention: str, p
         "eval_every": 0, "eval_generate": 0, "save_every": 10**6,
         "log_every": max(args.steps // 2, 1), "threads": args.threads, "peak_tflops": args.peak_tflops,
         "compile": compiled, "attention": attention, "packing": packing,
+        # the speed does not depend on the weights: from the shipped checkpoint (none where the recipe starts fresh),
+        # never a chain's export, which a GPU machine lacks
+        "init_from": "default" if recipe.get("init_from") else None, "chain": False,
     })
 
 
