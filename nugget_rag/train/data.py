@@ -32,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 
 from .. import corpora
 from ..config import nugget_count
+from ..identity import tokenizer_digest
 from ..layout import document_opening, prompt_around_documents
 from ..packing import first_fit
 from ..prompts import (
@@ -155,6 +156,7 @@ class ExampleBuilder:
         self.opening = document_opening(tokenizer, in_user_turn)  # NuggetModel.document_opening
         self.objective = OBJECTIVES[source.objective]
         self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.tokenizer_digest = tokenizer_digest(tokenizer)
         self._check_lengths()
 
     def _check_lengths(self) -> None:
@@ -166,12 +168,17 @@ class ExampleBuilder:
                 f"more than the model's {self.max_positions}; lower lengths.document/answer/query/autoencoding"
             )
 
+    def settings(self) -> dict:
+        """Everything that shapes the examples, portably: the tokenizer by its digest, data files by their names."""
+        source = self.source.model_dump(mode="json", exclude={"weight", "streaming"})
+        source.update({k: Path(source[k]).name for k in ("path", "dev_path") if source[k]})
+        return {"source": source, "lengths": self.lengths.model_dump(), "ratio": self.ratio,
+                "max_positions": self.max_positions, "seed": self.seed, "tokenizer": self.tokenizer_digest,
+                "in_user_turn": self.in_user_turn, "teacher_positions": self.teacher_positions,
+                "original_positions": self.original_positions, "version": 4}
+
     def fingerprint(self) -> str:
-        meta = [self.source.model_dump(mode="json", exclude={"weight", "streaming"}), self.lengths.model_dump(),
-                self.ratio, self.max_positions, self.seed, self.tok.name_or_path, len(self.tok),
-                self.tok.chat_template, self.in_user_turn, self.teacher_positions, "v3"]
-        meta += ["original-positions"] if self.original_positions else []
-        return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self.settings(), sort_keys=True).encode()).hexdigest()[:16]
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         out = {c: [] for c in COLUMNS}
