@@ -25,6 +25,8 @@
 #           WHEELS and DATA
 #   WHEELS  a folder of wheels to install offline first (a machine without a package index)
 #   DATA    the data folder the stage reads as ../shared/data, where that is missing (the bundle's data/)
+#   READY   ready sets, a folder or one .tar.xz of it (`nugget-rag train --config CONFIG --write-ready DIR`, here):
+#           the sources' examples already tokenised, so the call trains without tokenising them (gpu_bundle.sh)
 #   DRY_RUN=1  the CPU rehearsal: a tiny random LLaMA, tiny data in every format the stage reads, one step, the
 #           same parts and the same OUT layout (tests/dry_run.py; tests/test_gpu_scripts.py runs it)
 set -euo pipefail
@@ -63,7 +65,7 @@ if [ "$train_s" -lt 30 ]; then
 fi
 log "training for at most ${train_s} s into $run (from ${init} unless $run holds a checkpoint)"
 PYTHONUNBUFFERED=1 "$py" -m nugget_rag.train --config "$config" --output-dir "$run" "${init_flags[@]}" \
-  --max-time "$train_s" "$@" 2>&1 | tr '\r' '\n' | grep -v '^training: ' >>"$out/train.log"
+  "${ready_flags[@]}" --max-time "$train_s" "$@" 2>&1 | tr '\r' '\n' | grep -v '^training: ' >>"$out/train.log"
 
 rm -rf "$out/export" && cp -r "$run/final" "$out/export"
 cp "$run/metrics.jsonl" "$out/" 2>/dev/null || true
