@@ -10,6 +10,8 @@ Examples:
       --data "qa:../shared/data/squad-dev-v1.1.json,documents_per_example=3"
   # every option from a file (flags override it); several GPUs: accelerate launch -m nugget_rag.train ...
   nugget-rag train --config run.yaml
+  # tokenise its examples once into ready sets, then train from them without a tokenizer call
+  nugget-rag train --config run.yaml --write-ready ready/ && nugget-rag train --config run.yaml --ready-dir ready/
 
 A data source is OBJECTIVE:PATH[,option=value...] with the options of Source (below). Nested settings are
 flags with dots (--optim.lr, --lengths.document, --nugget.lora.rank). Re-running with the same --output-dir
