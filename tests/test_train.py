@@ -855,3 +855,21 @@ def test_a_run_given_ready_sets_makes_no_tokenizer_call_for_its_data(tmp_path, m
     with caplog.at_level("INFO", logger="nugget_rag.train.trainer"):
         assert train(trained, NuggetModel(tiny_base(), trained.nugget)).step == 1
     assert "continuation:python-3.11-docs dev" in caplog.text
+
+
+def test_examples_tokenised_in_several_processes_are_the_ones_one_process_builds(tmp_path):
+    """qa draws each example's distractors from its batch of records: the processes split records at batch edges."""
+    from nugget_rag.train import data as train_data
+
+    rng = random.Random(1)
+    words = "the cat sat on a mat while dogs ran far away into green hills under blue skies".split()
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(12, 30))) for _ in range(600)]
+    squad = {"data": [{"title": str(i), "paragraphs": [{"context": t, "qas": [
+        {"id": str(i), "question": "Which word comes first?", "answers": [{"text": t.split()[0]}]}]}]}
+        for i, t in enumerate(texts)]}
+    (tmp_path / "squad.json").write_text(json.dumps(squad))
+    builder = ready_builder(tmp_path, "qa")
+    one, skipped_one = train_data.build_examples(builder.source, "train", builder, tmp_path / "one", processes=1)
+    three, skipped_three = train_data.build_examples(builder.source, "train", builder, tmp_path / "three", processes=3)
+    assert len(list((tmp_path / "three").glob("*of3.arrow"))) == 3
+    assert json.dumps(list(three)) == json.dumps(list(one)) and skipped_three == skipped_one

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
+import os
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -44,6 +46,9 @@ from .sources import Lengths, Source
 
 log = logging.getLogger(__name__)
 
+BATCH_RECORDS = 256  # records per builder call: an example's distractors and random draws come from its batch
+PARALLEL_RECORDS = 1000  # records per tokenising process, at least
+MAX_PROCESSES = 16
 COLUMNS = ["documents", "prefix", "input_ids", "target_start", "references", "readings", "teacher_documents", "skip"]
 _SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text",
                    ".text": "text", ".md": "text", ".rst": "text"}
@@ -250,28 +255,73 @@ def teacher_length(example: dict) -> int:
     return len(example["prefix"]) + sum(len(d) for d in documents) + len(example["input_ids"])
 
 
-def build_examples(source: Source, split: str | None, builder: ExampleBuilder, cache_dir: Path | None):
-    """Tokenised examples of a source's split, and the skip counts (None for a stream: counted as it goes)."""
+def build_examples(source: Source, split: str | None, builder: ExampleBuilder, cache_dir: Path | None,
+                   processes: int | None = None):
+    """Tokenised examples of a source's split, and the skip counts (None for a stream: counted as it goes).
+
+    With a `cache_dir`, a split of at least 2 * PARALLEL_RECORDS records is tokenised in several processes (one per
+    CPU core, at most MAX_PROCESSES; `processes` sets their number), giving the examples one process gives."""
     records = load_records(source, split)
     first = next(iter(records.take(1) if isinstance(records, datasets.IterableDataset) else records.select(range(min(1, len(records))))), None)
     if first is None:
         hint = " (set dev_split=None to train without evaluating it)" if split == source.dev_split else ""
         raise corpora.DataError(f"source {source.path} has no records in split {split!r}{hint}")
     _check_fields(source, first)
-    kwargs = dict(batched=True, batch_size=256, with_indices=True, remove_columns=list(first))
+    kwargs = dict(batched=True, batch_size=BATCH_RECORDS, with_indices=True, remove_columns=list(first))
     if isinstance(records, datasets.IterableDataset):
         return records.map(builder, **kwargs), None
     cache = None
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         cache = str(cache_dir / f"{builder.fingerprint()}-{split}-{records._fingerprint}.arrow")
-    examples = records.map(builder, cache_file_name=cache, desc=f"tokenising {Path(source.path).name}", **kwargs)
+    procs = processes or min(os.cpu_count() or 1, MAX_PROCESSES, len(records) // PARALLEL_RECORDS)
+    if cache is not None and procs > 1:
+        examples = _map_in_processes(records, builder, cache, procs, kwargs)
+    else:
+        examples = records.map(builder, cache_file_name=cache, desc=f"tokenising {Path(source.path).name}", **kwargs)
     skipped = Counter(s for s in examples["skip"] if s)
     if skipped:
         examples = examples.filter(lambda s: not s, input_columns="skip")
     if len(examples) == 0:
         raise corpora.DataError(f"source {source.path} (split {split}) gives no usable example: skipped {dict(skipped)}")
     return examples, skipped
+
+
+def _map_in_processes(records: datasets.Dataset, builder: ExampleBuilder, cache: str, procs: int,
+                      kwargs: dict) -> datasets.Dataset:
+    """`records.map(builder)` in forked processes, each on a run of whole batches (the batch is what an example's
+    distractors and random draws come from), each writing its part of the Arrow cache; one process if one fails."""
+    blocks = -(-len(records) // BATCH_RECORDS)
+    cuts = sorted({min(len(records), round(blocks * k / procs) * BATCH_RECORDS) for k in range(procs + 1)})
+
+    def part(k: int) -> datasets.Dataset:
+        start, end = cuts[k], cuts[k + 1]
+        shifted = _Shifted(builder, start)
+        return records.select(range(start, end)).map(shifted, cache_file_name=f"{cache[:-6]}-{k}of{len(cuts) - 1}.arrow",
+                                                     **kwargs)
+
+    fork = multiprocessing.get_context("fork")
+    workers = [fork.Process(target=part, args=(k,)) for k in range(len(cuts) - 1)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if any(worker.exitcode for worker in workers):
+        log.warning("tokenising in %d processes failed (exit codes %s); tokenising in one", len(workers),
+                    [worker.exitcode for worker in workers])
+        return records.map(builder, cache_file_name=cache, **kwargs)
+    return datasets.concatenate_datasets([part(k) for k in range(len(cuts) - 1)])  # each read from its cache file
+
+
+@dataclass
+class _Shifted:
+    """A builder for records from `offset` on (its indices are counted from there)."""
+
+    builder: ExampleBuilder
+    offset: int
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        return self.builder(batch, [i + self.offset for i in indices])
 
 
 def _check_fields(source: Source, record: dict) -> None:
