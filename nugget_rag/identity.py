@@ -1,4 +1,4 @@
-"""What a NuggetState and a checkpoint are bound to: digests of the base model and of the trained weights.
+"""What a NuggetState and a checkpoint are bound to: digests of the base model, its tokenizer and the trained weights.
 
 A state's fingerprint starts with its base model's digest (`state_tag`) and hashes everything that shaped it; the
 decoder reads only states of its own base model, and a checkpoint loads only onto the base model it was trained on.
@@ -30,6 +30,19 @@ def base_digest(model: nn.Module) -> str:
         h.update(f"{name}:{tuple(p.shape)}".encode())
         h.update(sample.numpy().tobytes())
     return h.hexdigest()[:32]
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """sha256 of what decides a tokenizer's ids, not where it was loaded from: its vocabulary, merges and normalising
+    rules (a fast tokenizer's serialisation, without its per-call truncation and padding), special tokens and chat
+    template."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        core = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
+    else:  # a slow tokenizer
+        core = sorted(tokenizer.get_vocab().items())
+    meta = [core, tokenizer.all_special_tokens, tokenizer.chat_template, len(tokenizer)]
+    return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def weights_digest(named: list[tuple[str, torch.Tensor]]) -> str:

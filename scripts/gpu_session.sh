@@ -28,6 +28,8 @@
 #           WHEELS and DATA
 #   WHEELS  a folder of wheels to install offline first (a machine without a package index)
 #   DATA    the data folder the stage reads as ../shared/data, where that is missing (the bundle's data/)
+#   READY   ready sets, a folder or one .tar.xz of it (`nugget-rag train --config CONFIG --write-ready DIR`, here):
+#           the sources' examples already tokenised, so the call trains without tokenising them (gpu_bundle.sh)
 #   DRY_RUN=1  the CPU rehearsal: a tiny random LLaMA, tiny data in every format the stage reads, one step, the
 #           same parts and the same OUT layout (tests/dry_run.py; tests/test_gpu_scripts.py runs it)
 # A stage run as a chain of calls, each from the previous call's export: the first with INIT=<the stage's start>,
@@ -73,7 +75,7 @@ fi
 log "setup before the trainer (install, bundle, data): $(( $(date +%s) - begin )) s"
 log "training for at most ${train_s} s into $run (from ${init} unless $run holds a checkpoint)"
 PYTHONUNBUFFERED=1 "$py" -m nugget_rag.train --config "$config" --output-dir "$run" "${init_flags[@]}" \
-  --max-time "$train_s" "$@" 2>&1 | tr '\r' '\n' | grep -v '^training: ' >>"$out/train.log"
+  "${ready_flags[@]}" --max-time "$train_s" "$@" 2>&1 | tr '\r' '\n' | grep -v '^training: ' >>"$out/train.log"
 log "trainer setup to its first update: $(grep '"kind": "setup"' "$run/metrics.jsonl" | tail -1 || true)"
 
 rm -rf "$out/export" && cp -r "$run/final" "$out/export"

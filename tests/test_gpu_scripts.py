@@ -99,3 +99,23 @@ def test_a_chain_call_skips_dev_scoring_and_logs_its_setup(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
     assert "dev.json" not in files_under(tmp_path / "out") and "no dev scoring" in log
     assert "setup before the trainer" in log and '"first_update_s"' in log
+
+
+def test_ready_sets_carried_as_one_archive_are_trained_from(tmp_path):
+    """READY=<.tar.xz of `--write-ready`'s folder>: the call unpacks it to /tmp/ready and the run loads every source's
+    train and dev examples from it."""
+    from dry_run import write
+
+    stage = write(tmp_path / "dry", ROOT / "configs" / "pretrain.yaml")
+    made = subprocess.run([sys.executable, "-m", "nugget_rag.train", "--config", str(stage), "--output-dir",
+                           str(tmp_path / "run"), "--write-ready", str(tmp_path / "ready")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-2000:]
+    with tarfile.open(tmp_path / "ready.tar.xz", "w:xz") as archive:
+        archive.add(tmp_path / "ready", "ready")
+    done = run_script("gpu_session.sh", tmp_path / "out", "300", DRY_RUN="1", CONFIG="configs/pretrain.yaml",
+                      EVAL_TASKS="autoencoding", EVAL_RATIOS="10", EVAL_LIMIT="2", READY=str(tmp_path / "ready.tar.xz"))
+    log = (tmp_path / "out" / "train.log").read_text()
+    assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
+    assert "ready sets from /tmp/ready/ready: autoencoding:python-3.11-docs train, autoencoding:python-3.11-docs dev, " \
+           "continuation:python-3.11-docs train, continuation:python-3.11-docs dev" in log, log[-3000:]

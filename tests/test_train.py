@@ -848,3 +848,102 @@ def test_a_chain_refuses_an_export_of_another_stage(data, tmp_path):
                    optim={"lr": 1e-4}, nugget={**NUGGET, "ratio": 2}), NuggetModel(tiny_base(), NuggetConfig(
                        **{**NUGGET, "ratio": 2})))
     Trainer(config(tmp_path / "c", other, init_from=str(first.final_dir)), tiny_model())
+
+
+def ready_builder(data, name: str, tokenizer=None):
+    from nugget_rag.train.data import ExampleBuilder
+    from nugget_rag.train.sources import Lengths
+
+    model = tiny_model()
+    spec = Source.model_validate(source(name, data))
+    return ExampleBuilder(spec, tokenizer or model.tokenizer, Lengths(**LENGTHS), model.max_positions, 4, 0,
+                          in_user_turn=True, teacher_positions=256)
+
+
+@pytest.mark.parametrize("name", ["qa", "rag_qa", "continuation"])
+def test_ready_sets_give_exactly_the_examples_built_fresh(name, data, tmp_path):
+    from nugget_rag.train.data import build_examples
+    from nugget_rag.train.ready import load_ready, write_ready
+
+    builder = ready_builder(data, name)
+    split = builder.source.split
+    fresh, skipped = build_examples(builder.source, split, builder, None)
+    record = write_ready(tmp_path / "set", fresh, skipped, builder, split)
+    loaded, loaded_skipped = load_ready(tmp_path / "set", builder, split)
+    assert json.dumps(list(loaded)) == json.dumps(list(fresh))  # ints stay ints, floats floats
+    assert loaded_skipped == skipped and record["examples"] == len(fresh)
+    assert loaded.features["input_ids"].feature.dtype == "uint16"
+
+
+def test_a_ready_set_of_another_tokenizer_or_other_settings_is_refused(data, tmp_path):
+    from nugget_rag.train.data import build_examples
+    from nugget_rag.train.ready import ReadyError, load_ready, write_ready
+
+    builder = ready_builder(data, "qa")
+    other = tiny_base().tokenizer
+    other.chat_template = other.chat_template.replace("\n", "\n\n")
+    theirs = ready_builder(data, "qa", other)
+    write_ready(tmp_path / "set", *build_examples(theirs.source, "train", theirs, None), theirs, "train")
+    with pytest.raises(ReadyError, match=f"{theirs.tokenizer_digest}.*{builder.tokenizer_digest}.*rebuild"):
+        load_ready(tmp_path / "set", builder, "train")
+    longer = ready_builder(data, "qa")
+    longer.lengths = longer.lengths.model_copy(update={"document": 40})
+    write_ready(tmp_path / "set", *build_examples(longer.source, "train", longer, None), longer, "train")
+    with pytest.raises(ReadyError, match=r"lengths\.document: 40 -> 48"):
+        load_ready(tmp_path / "set", builder, "train")
+
+
+def test_a_damaged_ready_set_is_refused_by_file(data, tmp_path):
+    from nugget_rag.train.data import build_examples
+    from nugget_rag.train.ready import ReadyError, load_ready, write_ready
+
+    builder = ready_builder(data, "qa")
+    write_ready(tmp_path / "set", *build_examples(builder.source, "train", builder, None), builder, "train")
+    arrow = next((tmp_path / "set").glob("data-*.arrow"))
+    arrow.write_bytes(arrow.read_bytes()[:-100])
+    with pytest.raises(ReadyError, match=f"{arrow.name}: SHA-256 differs.*re-copy"):
+        load_ready(tmp_path / "set", builder, "train")
+
+
+def test_a_run_given_ready_sets_makes_no_tokenizer_call_for_its_data(tmp_path, monkeypatch, capsys, caplog):
+    """configs/pretrain.yaml on the tiny model and data: `--write-ready` tokenises both sources' train and dev parts;
+    the run given them trains and evaluates without tokenising an example."""
+    from dry_run import write
+
+    from nugget_rag.train.data import ExampleBuilder
+
+    stage = write(tmp_path / "dry", Path(__file__).parent.parent / "configs" / "pretrain.yaml")
+    assert main(["train", "--config", str(stage), "--output-dir", str(tmp_path / "run"), "--write-ready",
+                 str(tmp_path / "ready")]) == 0
+    printed = capsys.readouterr().out
+    assert "4 ready sets" in printed and "autoencoding-python-3.11-docs-train:" in printed
+    assert not (tmp_path / "run").exists()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a ready run tokenised its data")
+
+    monkeypatch.setattr(ExampleBuilder, "ids", refuse)
+    monkeypatch.setattr(ExampleBuilder, "__call__", refuse)
+    trained = TrainConfig.model_validate(yaml.safe_load(stage.read_text()) | {
+        "output_dir": str(tmp_path / "run"), "max_steps": 1, "eval_generate": 0, "ready_dir": str(tmp_path / "ready")})
+    with caplog.at_level("INFO", logger="nugget_rag.train.trainer"):
+        assert train(trained, NuggetModel(tiny_base(), trained.nugget)).step == 1
+    assert "continuation:python-3.11-docs dev" in caplog.text
+
+
+def test_examples_tokenised_in_several_processes_are_the_ones_one_process_builds(tmp_path):
+    """qa draws each example's distractors from its batch of records: the processes split records at batch edges."""
+    from nugget_rag.train import data as train_data
+
+    rng = random.Random(1)
+    words = "the cat sat on a mat while dogs ran far away into green hills under blue skies".split()
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(12, 30))) for _ in range(600)]
+    squad = {"data": [{"title": str(i), "paragraphs": [{"context": t, "qas": [
+        {"id": str(i), "question": "Which word comes first?", "answers": [{"text": t.split()[0]}]}]}]}
+        for i, t in enumerate(texts)]}
+    (tmp_path / "squad.json").write_text(json.dumps(squad))
+    builder = ready_builder(tmp_path, "qa")
+    one, skipped_one = train_data.build_examples(builder.source, "train", builder, tmp_path / "one", processes=1)
+    three, skipped_three = train_data.build_examples(builder.source, "train", builder, tmp_path / "three", processes=3)
+    assert len(list((tmp_path / "three").glob("*of3.arrow"))) == 3
+    assert json.dumps(list(three)) == json.dumps(list(one)) and skipped_three == skipped_one

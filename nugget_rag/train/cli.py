@@ -10,6 +10,8 @@ Examples:
       --data "qa:../shared/data/squad-dev-v1.1.json,documents_per_example=3"
   # every option from a file (flags override it); several GPUs: accelerate launch -m nugget_rag.train ...
   nugget-rag train --config run.yaml
+  # tokenise its examples once into ready sets, then train from them without a tokenizer call
+  nugget-rag train --config run.yaml --write-ready ready/ && nugget-rag train --config run.yaml --ready-dir ready/
 
 A data source is OBJECTIVE:PATH[,option=value...] with the options of Source (below). Nested settings are
 flags with dots (--optim.lr, --lengths.document, --nugget.lora.rank). Re-running with the same --output-dir
@@ -68,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML or JSON file with any of the settings")
     parser.add_argument("--data", action="append", metavar="OBJECTIVE:PATH[,k=v...]",
                         help="a data source (repeatable); replaces the config file's sources")
+    parser.add_argument("--write-ready", type=Path, metavar="DIR",
+                        help="tokenise every source's train and dev examples into ready sets in DIR (for a later "
+                             "run's --ready-dir), then exit without training")
     settings = parser.add_argument_group("settings (defaults in brackets)")
     inverse = {v: k for k, v in ALIASES.items()}
     for dotted, info in _model_fields(TrainConfig):
@@ -136,6 +141,17 @@ def _explain(err: ValidationError) -> str:
     return "invalid settings:\n" + "\n".join(lines)
 
 
+def _write_ready(config: TrainConfig, folder: Path) -> int:
+    from .trainer import write_ready_sets
+
+    written = write_ready_sets(config, folder)
+    for entry in written:
+        print(f"{entry['set']}: {entry['examples']} examples, {entry['bytes'] / 1e6:.1f} MB")
+    total = sum(e["bytes"] for e in written) / 1e6
+    print(f"{len(written)} ready sets in {folder} ({total:.1f} MB); train with --ready-dir {folder}")
+    return 0
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     try:
         config = load_config(args)
@@ -148,6 +164,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     from .trainer import train
 
     try:
+        if args.write_ready:
+            return _write_ready(config, args.write_ready)
         result = train(config)
     except (DataError, ValueError, FileNotFoundError) as err:
         print(f"nugget-rag train: error: {err}", file=sys.stderr)

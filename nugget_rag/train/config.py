@@ -119,6 +119,8 @@ class TrainConfig(BaseModel):
     nugget: NuggetConfig = Field(default_factory=NuggetConfig, description="Ratio, Scorer and LoRA settings.")
     data: list[Source] = Field(min_length=1)
     lengths: Lengths = Field(default_factory=Lengths)
+    ready_dir: str | None = Field(None, description="A folder of ready sets (`--write-ready`; ready.py): each source "
+                                                     "split with one there loads it instead of tokenising.")
     stream: StreamSettings = Field(default_factory=StreamSettings,
                                    description="Autoregressive mode's window and segments (language_modeling).")
     distill: Distillation = Field(default_factory=Distillation)
@@ -205,5 +207,5 @@ class TrainConfig(BaseModel):
             mode="json",
             exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
                      "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
-                     "compile", "attention", "packing"},
+                     "compile", "attention", "packing", "ready_dir"},
         )

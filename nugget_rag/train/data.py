@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
+import os
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -32,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 
 from .. import corpora
 from ..config import nugget_count
+from ..identity import tokenizer_digest
 from ..layout import document_opening, prompt_around_documents
 from ..packing import first_fit
 from ..prompts import (
@@ -43,6 +46,9 @@ from .sources import Lengths, Source
 
 log = logging.getLogger(__name__)
 
+BATCH_RECORDS = 256  # records per builder call: an example's distractors and random draws come from its batch
+PARALLEL_RECORDS = 1000  # records per tokenising process, at least
+MAX_PROCESSES = 16
 COLUMNS = ["documents", "prefix", "input_ids", "target_start", "references", "readings", "teacher_documents", "skip"]
 _SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text",
                    ".text": "text", ".md": "text", ".rst": "text"}
@@ -155,6 +161,7 @@ class ExampleBuilder:
         self.opening = document_opening(tokenizer, in_user_turn)  # NuggetModel.document_opening
         self.objective = OBJECTIVES[source.objective]
         self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.tokenizer_digest = tokenizer_digest(tokenizer)
         self._check_lengths()
 
     def _check_lengths(self) -> None:
@@ -166,12 +173,17 @@ class ExampleBuilder:
                 f"more than the model's {self.max_positions}; lower lengths.document/answer/query/autoencoding"
             )
 
+    def settings(self) -> dict:
+        """Everything that shapes the examples, portably: the tokenizer by its digest, data files by their names."""
+        source = self.source.model_dump(mode="json", exclude={"weight", "streaming"})
+        source.update({k: Path(source[k]).name for k in ("path", "dev_path") if source[k]})
+        return {"source": source, "lengths": self.lengths.model_dump(), "ratio": self.ratio,
+                "max_positions": self.max_positions, "seed": self.seed, "tokenizer": self.tokenizer_digest,
+                "in_user_turn": self.in_user_turn, "teacher_positions": self.teacher_positions,
+                "original_positions": self.original_positions, "version": 4}
+
     def fingerprint(self) -> str:
-        meta = [self.source.model_dump(mode="json", exclude={"weight", "streaming"}), self.lengths.model_dump(),
-                self.ratio, self.max_positions, self.seed, self.tok.name_or_path, len(self.tok),
-                self.tok.chat_template, self.in_user_turn, self.teacher_positions, "v3"]
-        meta += ["original-positions"] if self.original_positions else []
-        return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self.settings(), sort_keys=True).encode()).hexdigest()[:16]
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         out = {c: [] for c in COLUMNS}
@@ -243,28 +255,73 @@ def teacher_length(example: dict) -> int:
     return len(example["prefix"]) + sum(len(d) for d in documents) + len(example["input_ids"])
 
 
-def build_examples(source: Source, split: str | None, builder: ExampleBuilder, cache_dir: Path | None):
-    """Tokenised examples of a source's split, and the skip counts (None for a stream: counted as it goes)."""
+def build_examples(source: Source, split: str | None, builder: ExampleBuilder, cache_dir: Path | None,
+                   processes: int | None = None):
+    """Tokenised examples of a source's split, and the skip counts (None for a stream: counted as it goes).
+
+    With a `cache_dir`, a split of at least 2 * PARALLEL_RECORDS records is tokenised in several processes (one per
+    CPU core, at most MAX_PROCESSES; `processes` sets their number), giving the examples one process gives."""
     records = load_records(source, split)
     first = next(iter(records.take(1) if isinstance(records, datasets.IterableDataset) else records.select(range(min(1, len(records))))), None)
     if first is None:
         hint = " (set dev_split=None to train without evaluating it)" if split == source.dev_split else ""
         raise corpora.DataError(f"source {source.path} has no records in split {split!r}{hint}")
     _check_fields(source, first)
-    kwargs = dict(batched=True, batch_size=256, with_indices=True, remove_columns=list(first))
+    kwargs = dict(batched=True, batch_size=BATCH_RECORDS, with_indices=True, remove_columns=list(first))
     if isinstance(records, datasets.IterableDataset):
         return records.map(builder, **kwargs), None
     cache = None
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         cache = str(cache_dir / f"{builder.fingerprint()}-{split}-{records._fingerprint}.arrow")
-    examples = records.map(builder, cache_file_name=cache, desc=f"tokenising {Path(source.path).name}", **kwargs)
+    procs = processes or min(os.cpu_count() or 1, MAX_PROCESSES, len(records) // PARALLEL_RECORDS)
+    if cache is not None and procs > 1:
+        examples = _map_in_processes(records, builder, cache, procs, kwargs)
+    else:
+        examples = records.map(builder, cache_file_name=cache, desc=f"tokenising {Path(source.path).name}", **kwargs)
     skipped = Counter(s for s in examples["skip"] if s)
     if skipped:
         examples = examples.filter(lambda s: not s, input_columns="skip")
     if len(examples) == 0:
         raise corpora.DataError(f"source {source.path} (split {split}) gives no usable example: skipped {dict(skipped)}")
     return examples, skipped
+
+
+def _map_in_processes(records: datasets.Dataset, builder: ExampleBuilder, cache: str, procs: int,
+                      kwargs: dict) -> datasets.Dataset:
+    """`records.map(builder)` in forked processes, each on a run of whole batches (the batch is what an example's
+    distractors and random draws come from), each writing its part of the Arrow cache; one process if one fails."""
+    blocks = -(-len(records) // BATCH_RECORDS)
+    cuts = sorted({min(len(records), round(blocks * k / procs) * BATCH_RECORDS) for k in range(procs + 1)})
+
+    def part(k: int) -> datasets.Dataset:
+        start, end = cuts[k], cuts[k + 1]
+        shifted = _Shifted(builder, start)
+        return records.select(range(start, end)).map(shifted, cache_file_name=f"{cache[:-6]}-{k}of{len(cuts) - 1}.arrow",
+                                                     **kwargs)
+
+    fork = multiprocessing.get_context("fork")
+    workers = [fork.Process(target=part, args=(k,)) for k in range(len(cuts) - 1)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if any(worker.exitcode for worker in workers):
+        log.warning("tokenising in %d processes failed (exit codes %s); tokenising in one", len(workers),
+                    [worker.exitcode for worker in workers])
+        return records.map(builder, cache_file_name=cache, **kwargs)
+    return datasets.concatenate_datasets([part(k) for k in range(len(cuts) - 1)])  # each read from its cache file
+
+
+@dataclass
+class _Shifted:
+    """A builder for records from `offset` on (its indices are counted from there)."""
+
+    builder: ExampleBuilder
+    offset: int
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        return self.builder(batch, [i + self.offset for i in indices])
 
 
 def _check_fields(source: Source, record: dict) -> None:

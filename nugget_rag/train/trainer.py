@@ -34,6 +34,7 @@ from .distill import Teacher
 from .flops import peak_flops
 from .loss import ObjectiveLoss, compress_batch
 from .objectives import OBJECTIVES
+from .ready import find_ready, load_ready, ready_name, write_ready
 from .sources import Source
 from .warm_start import warm_start_scorer
 
@@ -61,6 +62,33 @@ def source_names(sources: list[Source]) -> list[str]:
         name = f"{'full_context' if source.full_context else source.objective}:{Path(source.path).stem}"
         names.append(name if name not in names else f"{name}#{len(names)}")
     return names
+
+
+def held_out(source: Source) -> Source:
+    """The source its dev examples are read from (`dev_path`, else the source itself)."""
+    return source.model_copy(update={"path": source.dev_path}) if source.dev_path else source
+
+
+def example_builder(config: TrainConfig, source: Source, tokenizer, max_positions: int,
+                    teacher_positions: int | None) -> ExampleBuilder:
+    """The example builder of a source, as a run of `config` on a model of `max_positions` uses it."""
+    return ExampleBuilder(source, tokenizer, config.lengths, max_positions, config.ratio_range()[0], config.seed,
+                          in_user_turn=config.nugget.placement == "in_user_turn", teacher_positions=teacher_positions,
+                          original_positions=config.nugget.nugget_positions == "original")
+
+
+def load_ready_sets(config: TrainConfig, builders: list[ExampleBuilder], names: list[str]) -> dict:
+    """(source index, split) -> (examples, skip counts) of each ready set in `config.ready_dir` (ready.py)."""
+    found = {}
+    for i, (source, builder, name) in enumerate(zip(config.data, builders, names)):
+        for split in (source.split, source.dev_split):
+            folder = find_ready(config.ready_dir, name, split) if split and not source.streaming else None
+            if folder is not None:
+                found[(i, split)] = load_ready(folder, builder, split)
+    if config.ready_dir is not None:
+        log.info("ready sets from %s: %s", config.ready_dir,
+                 ", ".join(f"{names[i]} {split}" for i, split in found) or "none matched (every split is tokenised)")
+    return found
 
 
 class Trainer:
@@ -178,23 +206,22 @@ class Trainer:
         cache = self.out / "cache"
         streams, dev = [], []
         teacher = self.teacher.max_positions if self.teacher else None
+        builders = [example_builder(cfg, source, tok, self.model.max_positions, teacher) for source in cfg.data]
+        ready = load_ready_sets(cfg, builders, self.names)  # every ready set checked before any tokenising
         self.examples: list = []  # each source's training examples (the Scorer warm start draws its own order)
         self.data_lines: list[dict] = []  # written to the metrics once a resume has trimmed them
-        for i, (source, name) in enumerate(zip(cfg.data, self.names)):
-            builder = ExampleBuilder(source, tok, cfg.lengths, self.model.max_positions, cfg.ratio_range()[0],
-                                     cfg.seed, in_user_turn=self.model.config.placement == "in_user_turn",
-                                     teacher_positions=teacher,
-                                     original_positions=self.model.config.nugget_positions == "original")
-            examples, skipped = build_examples(source, source.split, builder, cache)
+        for i, (source, name, builder) in enumerate(zip(cfg.data, self.names, builders)):
+            examples, skipped = ready.get((i, source.split)) or build_examples(source, source.split, builder, cache)
             self.examples.append(examples)
             count = "streamed" if skipped is None else len(examples)
-            log.info("%s: %s training examples; skipped %s", name, count, dict(skipped or {}) or "none")
+            came = " (ready set)" if (i, source.split) in ready else ""
+            log.info("%s: %s training examples%s; skipped %s", name, count, came, dict(skipped or {}) or "none")
             self.data_lines.append({"kind": "data", "source": name, "examples": count, "skipped": dict(skipped or {})})
             streams.append(ExampleStream(examples, seed=cfg.seed * 1000 + i))
             held = []
             if source.dev_split is not None:
-                held_out = source.model_copy(update={"path": source.dev_path}) if source.dev_path else source
-                examples, _ = build_examples(held_out, source.dev_split, builder, cache)
+                examples, _ = ready.get((i, source.dev_split)) or build_examples(held_out(source), source.dev_split,
+                                                                                builder, cache)
                 if isinstance(examples, Dataset):
                     held = [examples[j] for j in range(min(cfg.eval_examples, len(examples)))]
                 else:
@@ -553,6 +580,30 @@ def _check_lora(start: str | Path, trained: NuggetConfig, config: NuggetConfig) 
     if differ:
         raise ValueError(f"init_from {start} has adapters of another shape: {', '.join(differ)}; set nugget.lora to "
                          "the checkpoint's, or start without init_from")
+
+
+def write_ready_sets(config: TrainConfig, folder: Path) -> list[dict]:
+    """Build every source's train and dev examples as a run of `config` would, and save them as ready sets in
+    `folder` (a streamed source has none: it is tokenised as it goes). Returns each set's record and size."""
+    base = load_base_model(config.base_model, device="cpu")
+    teacher = None
+    if config.distill.weight > 0:
+        teacher = base if config.distill.teacher is None else load_base_model(config.distill.teacher, device="cpu")
+        teacher = int(teacher.model.config.max_position_embeddings)
+    max_positions = int(base.model.config.max_position_embeddings)
+    written, cache = [], folder / "cache"
+    for source, name in zip(config.data, source_names(config.data)):
+        builder = example_builder(config, source, base.tokenizer, max_positions, teacher)
+        for split, read in ((source.split, source), (source.dev_split, held_out(source))):
+            if split is None or source.streaming:
+                continue
+            examples, skipped = build_examples(read, split, builder, cache)
+            target = folder / ready_name(name, split)
+            record = write_ready(target, examples, skipped, builder, split)
+            size = sum(f.stat().st_size for f in target.iterdir())
+            written.append({"set": target.name, "examples": record["examples"], "bytes": size})
+    shutil.rmtree(cache, ignore_errors=True)
+    return written
 
 
 def _init_checkpoint(init_from: str, model: NuggetModel) -> str | Path:
