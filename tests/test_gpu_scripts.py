@@ -103,7 +103,7 @@ def test_a_chain_call_skips_dev_scoring_and_logs_its_setup(tmp_path):
 
 def test_ready_sets_carried_as_one_archive_are_trained_from(tmp_path):
     """READY=<.tar.xz of `--write-ready`'s folder>: the call unpacks it to /tmp/ready and the run loads every source's
-    train and dev examples from it."""
+    train examples from it."""
     from dry_run import write
 
     stage = write(tmp_path / "dry", ROOT / "configs" / "pretrain.yaml")
@@ -117,5 +117,5 @@ def test_ready_sets_carried_as_one_archive_are_trained_from(tmp_path):
                       EVAL_TASKS="autoencoding", EVAL_RATIOS="10", EVAL_LIMIT="2", READY=str(tmp_path / "ready.tar.xz"))
     log = (tmp_path / "out" / "train.log").read_text()
     assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
-    assert "ready sets from /tmp/ready/ready: autoencoding:python-3.11-docs train, autoencoding:python-3.11-docs dev, " \
-           "continuation:python-3.11-docs train, continuation:python-3.11-docs dev" in log, log[-3000:]
+    assert "ready sets from /tmp/ready/ready: autoencoding:python-3.11-docs train, autoencoding:python-3.11-docs#1 " \
+           "train, continuation:python-3.11-docs train, continuation:python-3.11-docs#3 train" in log, log[-3000:]

@@ -906,8 +906,8 @@ def test_a_damaged_ready_set_is_refused_by_file(data, tmp_path):
 
 
 def test_a_run_given_ready_sets_makes_no_tokenizer_call_for_its_data(tmp_path, monkeypatch, capsys, caplog):
-    """configs/pretrain.yaml on the tiny model and data: `--write-ready` tokenises both sources' train and dev parts;
-    the run given them trains and evaluates without tokenising an example."""
+    """configs/pretrain.yaml on the tiny model and data: `--write-ready` tokenises its four sources' train parts (it
+    evaluates nothing); the run given them trains without tokenising an example."""
     from dry_run import write
 
     from nugget_rag.train.data import ExampleBuilder
@@ -928,7 +928,7 @@ def test_a_run_given_ready_sets_makes_no_tokenizer_call_for_its_data(tmp_path, m
         "output_dir": str(tmp_path / "run"), "max_steps": 1, "eval_generate": 0, "ready_dir": str(tmp_path / "ready")})
     with caplog.at_level("INFO", logger="nugget_rag.train.trainer"):
         assert train(trained, NuggetModel(tiny_base(), trained.nugget)).step == 1
-    assert "continuation:python-3.11-docs dev" in caplog.text
+    assert "continuation:python-3.11-docs#3 train" in caplog.text
 
 
 def test_examples_tokenised_in_several_processes_are_the_ones_one_process_builds(tmp_path):
