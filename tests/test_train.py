@@ -822,6 +822,21 @@ def test_a_chain_continues_the_learning_rate_schedule(data, tmp_path):
                 tiny_model())
 
 
+def test_each_call_of_a_chain_draws_its_own_data_order(data, tmp_path):
+    """A chained call does not read its predecessor's examples again in the same order; two starts of the same call
+    (a call re-run on a fresh machine) draw the same order."""
+    sources = [source("autoencoding", data)]
+    first = train(config(tmp_path / "a", sources, max_steps=3), tiny_model())
+
+    def first_batches(name: str, chain: bool) -> list:
+        trainer = Trainer(config(tmp_path / name, sources, max_steps=9, init_from=str(first.final_dir), chain=chain),
+                          tiny_model())
+        return [trainer.mixture.next_batch().documents for _ in range(3)]
+
+    assert first_batches("b", chain=True) == first_batches("c", chain=True)
+    assert first_batches("b", chain=True) != first_batches("d", chain=False)
+
+
 def test_init_from_adapters_of_another_shape_is_refused_by_name(data, tmp_path):
     NuggetModel(tiny_base(), NuggetConfig(**{**NUGGET, "lora": {"rank": 8}})).save_pretrained(tmp_path / "old")
     with pytest.raises(ValueError, match=r"lora.rank=8 \(the config: 4\).*set nugget.lora"):

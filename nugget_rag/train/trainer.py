@@ -134,6 +134,8 @@ class Trainer:
         if found is not None:  # a resumed run continues the lineage it began with
             self.earlier = checkpoint.read_state(found).get("lineage", self.earlier)
         self.offset = lineage.chain_updates(self.earlier) if config.chain else 0  # the schedule's first step
+        # each call of a chain draws its own data order and ratios (a resumed call the same ones again)
+        self.data_seed = config.seed + self.offset
         if self.offset and self.offset >= config.max_steps:
             raise ValueError(f"chain: init_from's chain already holds {self.offset} updates and max_steps="
                              f"{config.max_steps} counts the whole chain's; raise max_steps above {self.offset}")
@@ -217,7 +219,7 @@ class Trainer:
             came = " (ready set)" if (i, source.split) in ready else ""
             log.info("%s: %s training examples%s; skipped %s", name, count, came, dict(skipped or {}) or "none")
             self.data_lines.append({"kind": "data", "source": name, "examples": count, "skipped": dict(skipped or {})})
-            streams.append(ExampleStream(examples, seed=cfg.seed * 1000 + i))
+            streams.append(ExampleStream(examples, seed=self.data_seed * 1000 + i))
             held = []
             if source.dev_split is not None:
                 examples, _ = ready.get((i, source.dev_split)) or build_examples(held_out(source), source.dev_split,
@@ -228,7 +230,7 @@ class Trainer:
                     held = [e for e in examples.take(4 * cfg.eval_examples) if not e["skip"]][: cfg.eval_examples]
             dev.append(held)
         acc = self.accelerator
-        mixture = Mixture(streams, [s.weight for s in cfg.data], cfg.seed, cfg.batch_size, tok.pad_token_id,
+        mixture = Mixture(streams, [s.weight for s in cfg.data], self.data_seed, cfg.batch_size, tok.pad_token_id,
                           rank=acc.process_index, world=acc.num_processes, group_by_length=cfg.group_by_length)
         return mixture, dev
 
@@ -251,7 +253,7 @@ class Trainer:
             return None
         grown = min(1.0, self.step / ratios.ramp_steps) if ratios.ramp_steps else 1.0
         high = ratios.low * (ratios.high / ratios.low) ** grown
-        u = np.random.default_rng([self.config.seed, 11, self.mixture.draws]).random()
+        u = np.random.default_rng([self.data_seed, 11, self.mixture.draws]).random()
         if ratios.choices is not None:
             reached = [r for r in ratios.choices if r <= high * (1 + 1e-9)]
             return float(reached[min(int(u * len(reached)), len(reached) - 1)])
