@@ -621,13 +621,13 @@ def test_the_teacher_reads_the_gold_passage_alone(data):
 
 
 def test_the_pretraining_stage_trains_two_steps_on_the_tiny_model(tmp_path):
-    """configs/pretrain.yaml as it is (autoencoding and continuation, r from {4, 10}, a chain, the Scorer trained),
+    """configs/pretrain.yaml as it is (autoencoding and continuation, r from {2, 4, 10}, a chain, the Scorer trained),
     its data moved onto tiny files: two steps move the encoder, decoder and Scorer."""
     from dry_run import write
 
     stage = yaml.safe_load(write(tmp_path / "dry", Path(__file__).parent.parent / "configs" / "pretrain.yaml").read_text())
     trained = TrainConfig.model_validate(stage | {"output_dir": str(tmp_path / "run"), "max_steps": 2})
-    assert trained.ratios.choices == [4, 10] and trained.chain and trained.distill.weight == 0
+    assert trained.ratios.choices == [2, 4, 10] and trained.chain and trained.distill.weight == 0
     model = NuggetModel(tiny_base(), trained.nugget)
     before = snapshot(model)
     train(trained, model)
