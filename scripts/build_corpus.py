@@ -48,6 +48,7 @@ from inscriptis.model.config import ParserConfig
 from tqdm import tqdm
 
 from nugget_rag.base_model import DEFAULT_MODEL_NAME, convert_default_model
+from nugget_rag.files import sha256_file
 
 log = logging.getLogger("build_corpus")
 
@@ -177,17 +178,9 @@ def deb_path(source: DebSource, work: Path) -> Path:
     return found[0]
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def check_sha256(source: DebSource, path: Path) -> None:
     """Raise SourceError naming the package, the pinned and the actual digest when `path` is not the pinned .deb."""
-    actual = sha256_of(path)
+    actual = sha256_file(path)
     if actual != source.sha256:
         raise SourceError(f"{source.package} {source.version}: SHA-256 of {path.name} is {actual}, the pin expects "
                           f"{source.sha256}; the package changed: review it and update the pin")

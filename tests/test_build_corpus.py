@@ -197,7 +197,7 @@ def fake_source(bc, tmp_path, monkeypatch):
         "genindex.html": page(f"<p>{PROSE}</p>", "Index"),
     }
     deb = fake_deb(tmp_path / "work", "fake-doc", pages)
-    source = bc.DebSource("fake-doc", "1.0-1", bc.sha256_of(deb), ("usr/share/doc/fake-doc/html",), bc.SPHINX)
+    source = bc.DebSource("fake-doc", "1.0-1", bc.sha256_file(deb), ("usr/share/doc/fake-doc/html",), bc.SPHINX)
     monkeypatch.setitem(bc.SOURCES, "fake-doc", source)
     return source, fake_test_data(tmp_path / "data", f"Unrelated start; {leak}.")
 

@@ -9,13 +9,13 @@ from the chain's updates and must train the chain's stage (`stage_of`).
 
 from __future__ import annotations
 
-import hashlib
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 from ..config import LEGACY_PLACEMENT, NuggetConfig
+from ..files import sha256_file
 from .config import TrainConfig
 
 TOTALS = ("updates", "examples", "tokens")
@@ -82,18 +82,11 @@ def sources(config: TrainConfig) -> list[dict]:
     for s in config.data:
         path = Path(s.path)
         if s.path not in shas:
-            shas[s.path] = _sha(path) if path.is_file() else None
+            shas[s.path] = sha256_file(path)[:12] if path.is_file() else None
         out.append({"objective": "full_context" if s.full_context else s.objective, "file": path.name,
                     "sha": shas[s.path], "weight": s.weight})
     return out
 
-
-def _sha(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()[:12]
 
 
 def segment(config: TrainConfig, updates: int, processes: int, tokens: int | None, device: torch.device,

@@ -8,7 +8,6 @@ the example and skip counts, and the SHA-256 of every file beside it. `load_read
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -18,7 +17,7 @@ from pathlib import Path
 import datasets
 
 from ..corpora import DataError
-from ..files import write_atomic
+from ..files import sha256_file, write_atomic
 from .data import ExampleBuilder
 
 READY_FILE = "ready.json"
@@ -32,14 +31,6 @@ class ReadyError(DataError):
 def ready_name(source_name: str, split: str) -> str:
     """The folder of a source's split: its name (trainer.source_names) with ':' and '#' spelled '-'."""
     return re.sub(r"[^\w.-]", "-", source_name) + f"-{split}"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _narrow(examples: datasets.Dataset, vocabulary: int) -> datasets.Dataset:
@@ -58,7 +49,7 @@ def write_ready(folder: Path, examples: datasets.Dataset, skipped: Counter, buil
     """Save built examples of `builder`'s source split as a ready set in `folder` (replaced); returns its record."""
     shutil.rmtree(folder, ignore_errors=True)
     _narrow(examples, len(builder.tok)).save_to_disk(str(folder))
-    files = {f.name: _sha256(f) for f in sorted(folder.iterdir())}
+    files = {f.name: sha256_file(f) for f in sorted(folder.iterdir())}
     record = {"fingerprint": builder.fingerprint(), "tokenizer": builder.tokenizer_digest,
               "objective": builder.source.objective, "split": split, "examples": len(examples),
               "skipped": dict(skipped), "settings": builder.settings(), "files": files}
@@ -94,7 +85,7 @@ def load_ready(folder: Path, builder: ExampleBuilder, split: str) -> tuple[datas
         raise ReadyError(f"{folder} holds files {sorted(present)}, its {READY_FILE} lists {sorted(record['files'])}; "
                          "rebuild or re-copy it")
     for name, digest in record["files"].items():
-        if _sha256(folder / name) != digest:
+        if sha256_file(folder / name) != digest:
             raise ReadyError(f"{folder / name}: SHA-256 differs from the one in {READY_FILE} (truncated or damaged); "
                              "rebuild or re-copy the ready set")
     return datasets.load_from_disk(str(folder)), Counter(record["skipped"])
