@@ -1,6 +1,6 @@
 """Pack what a GPU machine without a package index needs to train, in parts small enough to carry one at a time.
 
-    python scripts/offline_bundle.py OUT_DIR [--part-mb 44]      # here: pip's index reachable, .venv installed
+    python scripts/offline_bundle.py OUT_DIR [--part-mb 28]      # here: pip's index reachable, .venv installed
     python scripts/offline_bundle.py --join PART_DIR... --into DIR   # there: reassemble (wheels/, data/)
 
 The bundle holds the wheels of nugget-rag's requirements (core, train and eval extras, resolved from this
@@ -189,7 +189,8 @@ def join(parts: list[Path], into: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", nargs="?", type=Path, help="folder for the parts (build)")
-    parser.add_argument("--part-mb", type=float, default=44.0, help="part size (a 64 MiB carry limit less the repository)")
+    parser.add_argument("--part-mb", type=float, default=28.0,
+                        help="part size (a 64 MiB carry limit less the repository, 34 MiB with its checkpoints)")
     parser.add_argument("--python", default="3.12", help="the target's Python version")
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--image-has", nargs="*", help="packages the target already holds (default: a PyTorch image's)")
