@@ -79,6 +79,8 @@ def measure(recipe: dict, args, group: int, compiled: bool, attention: str, pack
     start = time.perf_counter()
     trainer = Trainer(arm_config(recipe, args, group, compiled, attention, packing, out))
     setup = time.perf_counter() - start
+    print(f"arm compile={compiled} attention={attention} packing={packing}: set up in {setup:.1f} s (loading, "
+          "tokenising); training", flush=True)  # in the log before the steps, should a time limit stop them
     state = trainer.mixture.state_dict()
     batches = [trainer.mixture.next_batch() for _ in range(args.padding_batches)]
     real = sum(b.tokens for b in batches)

@@ -12,8 +12,8 @@
 # leaves its time to the next; one that runs out of its share, or of BENCH_SECONDS, is stopped, logged, and the rest
 # run):
 #   install (bundle)            35 s
-#   pretraining step, eager     30 s   model conversion (~10 s) and loading, 400 records a source tokenised, 8 steps
-#   pretraining step, compiled  35 s   the same, its first 4 steps compiling
+#   pretraining step            65 s   one process: model conversion (~10 s) and loading, 400 records a source
+#                                      tokenised, 8 steps eager, then the same with `compile: true` (4 compiling)
 #   speed, eager                20 s   1, 4 and 16 documents, a warm-up and 2 repeats of 8 tokens each
 #   speed, CUDA graphs          25 s   the same, the warm-ups recording the graphs
 #   tables and archive           5 s
@@ -83,16 +83,14 @@ step() {  # NAME SHARE COMMAND...: one part, to end by the planned end (SHARE x 
 }
 train_flags=(--config "$config" "${data_flags[@]}" --records "$records" --batch-size "$batch" --steps "$steps"
              --group 16 --padding-batches 1)
-step "pretraining step, eager (setup, warm-up and measured seconds per arm)" 30 "$py" \
-  benchmarks/training_throughput.py "${train_flags[@]}" --name "$tag"pretrain-step
-step "pretraining step, compile: true (its warm-up compiles)" 35 "$py" \
-  benchmarks/training_throughput.py "${train_flags[@]}" --compile on --name "$tag"pretrain-step-compiled
+step "pretraining step, eager then compile: true (setup, warm-up and measured seconds per arm)" 65 "$py" \
+  benchmarks/training_throughput.py "${train_flags[@]}" --compile both --name "$tag"pretrain-step
 step "time to first token and decoding, Full and nuggets, eager" 20 "$py" -m nugget_rag.cli eval --tasks speed \
-  "${speed_flags[@]}" --ratios 10 --out-dir "$reports" --name speed --no-plots -q "${eval_flags[@]}"
+  "${speed_flags[@]}" --ratios 10 --out-dir "$reports" --name speed --no-plots "${eval_flags[@]}"
 step "the same, each decoding step a CUDA graph" 25 "$py" -m nugget_rag.cli eval --tasks speed \
-  "${speed_flags[@]}" --ratios 10 --decoding compiled --out-dir "$reports" --name speed-compiled --no-plots -q \
+  "${speed_flags[@]}" --ratios 10 --decoding compiled --out-dir "$reports" --name speed-compiled --no-plots \
   "${eval_flags[@]}"
-parts=(pretrain-step pretrain-step-compiled speed speed-compiled)
+parts=(pretrain-step speed speed-compiled)
 if [ -n "${BENCH_EXTRA:-}" ]; then
   parts+=(attention-paths step-profile)
   step "one training step, reference and fused attention (equal loss and gradients)" 30 "$py" \
