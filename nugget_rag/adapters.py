@@ -72,17 +72,6 @@ class Adapters:
     def parameters(self, adapter: str) -> Iterator[nn.Parameter]:
         return (p for _, p in self.named_parameters(adapter))
 
-    def frozen_parameters(self) -> list[nn.Parameter]:
-        """The base model's weights, which never train (every parameter but the adapters')."""
-        trained = {id(p) for adapter in (ENCODER, DECODER) for p in self.parameters(adapter)}
-        return [p for p in self.peft.parameters() if id(p) not in trained]
-
-    def cast_inputs(self, cast: bool) -> None:
-        """Whether each LoRA layer casts its input to the adapter's dtype (PEFT's default). Off where the frozen
-        weights are bfloat16 under bf16 autocast: autocast then casts once, not twice."""
-        for layer in self.layers:
-            layer.cast_input_dtype_enabled = cast
-
     def version(self, adapter: str | None) -> tuple:
         """Changes whenever one of the adapter's weights is changed in place or replaced."""
         return weights_version(self.parameters(adapter) if adapter else ())

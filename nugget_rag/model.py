@@ -157,19 +157,6 @@ class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
     def adapter_parameters(self, adapter: str) -> Iterator[nn.Parameter]:
         return self.adapters.parameters(adapter)
 
-    def swap_frozen(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Put `tensors` (one per frozen base weight, in `adapters.frozen_parameters()` order, of any dtype) in the
-        frozen weights and return the tensors they held. Training under bf16 autocast holds them in bfloat16, which
-        spares each pass a cast of every frozen weight (the trained parts keep their dtype)."""
-        params = self.adapters.frozen_parameters()
-        if len(tensors) != len(params):
-            raise ValueError(f"swap_frozen: {len(tensors)} tensors for {len(params)} frozen weights")
-        held = [p.data for p in params]
-        for p, tensor in zip(params, tensors):
-            p.data = tensor
-        self.adapters.cast_inputs(all(t.dtype == self.dtype for t in tensors))
-        return held
-
     def set_trainable(self, encoder: bool = True, decoder: bool = True, scorer: bool = True, soft_prompt: bool = True):
         """Choose which nugget parts train; the base model stays frozen."""
         for p in self.llama.parameters():

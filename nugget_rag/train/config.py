@@ -152,13 +152,6 @@ class TrainConfig(BaseModel):
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 on GPU, else no. bf16 also speeds up CPUs with native bf16 (AVX512-BF16, AMX)."
     )
-    frozen_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="The frozen base model's weights while training: bfloat16 spares each pass under bf16 "
-                            "mixed precision a cast of every frozen weight and of each adapter's input (half the "
-                            "casts: 7 % fewer host operations a micro-batch, BENCHMARKS.md); the trained parts stay "
-                            "float32, and the float32 weights come back for evaluation and after training. auto: "
-                            "bfloat16 where mixed precision is bf16.",
-    )
     gradient_checkpointing: bool = False
     compile: bool = Field(
         False, description="torch.compile each layer of the base model (dynamic shapes; attention stays eager): fuses "
@@ -214,6 +207,5 @@ class TrainConfig(BaseModel):
             mode="json",
             exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
                      "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
-                     "compile", "attention", "packing", "ready_dir",
-                     "frozen_dtype"},
+                     "compile", "attention", "packing", "ready_dir"},
         )

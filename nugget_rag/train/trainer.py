@@ -9,8 +9,7 @@ import math
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,7 +157,6 @@ class Trainer:
         self.step = 0
         self.tokens_before: int | None = 0  # tokens the run had read when its checkpoint was saved (None: unknown)
         self.tokens = 0  # tokens this process has read since
-        self.float_frozen: list[torch.Tensor] | None = None  # the frozen weights' own tensors while training in bf16
         self.passes = 1  # forward/backward passes per micro-batch: doubled when one runs out of GPU memory
         if trackers:
             self.accelerator.init_trackers("nugget-rag")
@@ -319,45 +317,44 @@ class Trainer:
         bar = tqdm(total=self.updates, initial=self.step, desc="training", disable=not acc.is_local_main_process)
         if self.step == 0 and cfg.eval_every:
             self.evaluate()  # the starting point, for the before/after comparison
-        with self._frozen_weights():
-            self.model.train()
-            stopped_by_time, first = False, self.step + 1
-            while self.step < self.updates:
-                tick = time.monotonic()
-                batches = []
-                for _ in range(cfg.grad_accum):
-                    ratio = self._ratio()
-                    batches.append(self.mixture.next_batch())
-                    batches[-1].ratio = ratio
-                for batch, (loss, terms, flops) in zip(batches, self._backward(batches)):
-                    window.add(self.names[batch.source], loss, batch, terms, flops)
-                    self.tokens += batch.tokens
-                if cfg.optim.max_grad_norm:
-                    acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-                self.optimizer.step()
-                self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                if self.step == first:  # this call's setup: loading, tokenising, compiling, the first update
-                    self._metric({"kind": "setup", "step": self.step,
-                                  "first_update_s": round(time.monotonic() - self.created, 1)})
-                window.seconds += time.monotonic() - tick
-                bar.update(1)
-                if self.step % cfg.log_every == 0 or self.step == self.updates:
-                    line = {"kind": "train", "step": self.step, "lr": self.scheduler.get_last_lr()[0], **window.flush(),
-                            "passes": self.passes, "elapsed_s": round(time.monotonic() - start, 1)}
-                    losses.append(line)
-                    self._metric(line)
-                    bar.set_postfix({k[5:]: f"{v:.3f}" for k, v in line.items() if k.startswith("loss/")})
-                timed_out = cfg.max_time is not None and time.monotonic() - self.created > cfg.max_time
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and not timed_out:
-                    self.evaluate()
-                if self.step % cfg.save_every == 0 or timed_out or self.step == self.updates:
-                    self._save()
-                if timed_out:
-                    stopped_by_time = True
-                    log.info("max_time reached at step %d", self.step)
-                    break
+        self.model.train()
+        stopped_by_time, first = False, self.step + 1
+        while self.step < self.updates:
+            tick = time.monotonic()
+            batches = []
+            for _ in range(cfg.grad_accum):
+                ratio = self._ratio()
+                batches.append(self.mixture.next_batch())
+                batches[-1].ratio = ratio
+            for batch, (loss, terms, flops) in zip(batches, self._backward(batches)):
+                window.add(self.names[batch.source], loss, batch, terms, flops)
+                self.tokens += batch.tokens
+            if cfg.optim.max_grad_norm:
+                acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            if self.step == first:  # this call's setup: loading, tokenising, compiling, the first update
+                self._metric({"kind": "setup", "step": self.step,
+                              "first_update_s": round(time.monotonic() - self.created, 1)})
+            window.seconds += time.monotonic() - tick
+            bar.update(1)
+            if self.step % cfg.log_every == 0 or self.step == self.updates:
+                line = {"kind": "train", "step": self.step, "lr": self.scheduler.get_last_lr()[0], **window.flush(),
+                        "passes": self.passes, "elapsed_s": round(time.monotonic() - start, 1)}
+                losses.append(line)
+                self._metric(line)
+                bar.set_postfix({k[5:]: f"{v:.3f}" for k, v in line.items() if k.startswith("loss/")})
+            timed_out = cfg.max_time is not None and time.monotonic() - self.created > cfg.max_time
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and not timed_out:
+                self.evaluate()
+            if self.step % cfg.save_every == 0 or timed_out or self.step == self.updates:
+                self._save()
+            if timed_out:
+                stopped_by_time = True
+                log.info("max_time reached at step %d", self.step)
+                break
         bar.close()
         if not stopped_by_time and (not cfg.eval_every or self.step % cfg.eval_every):
             self.evaluate()
@@ -370,28 +367,6 @@ class Trainer:
             self.plot()
         acc.end_training()
         return TrainResult(self.step, self.out, final, losses)
-
-    def _frozen_dtype(self) -> torch.dtype:
-        setting = self.config.frozen_dtype
-        if setting == "auto":
-            return torch.bfloat16 if self.accelerator.mixed_precision == "bf16" else torch.float32
-        return getattr(torch, setting)
-
-    @contextmanager
-    def _frozen_weights(self) -> Iterator[None]:
-        """Context: the frozen base weights in `frozen_dtype` (their float32 tensors kept aside, for evaluation and
-        to put back afterwards: the rounding never outlives the training loop)."""
-        dtype = self._frozen_dtype()
-        frozen = self.model.adapters.frozen_parameters()
-        if all(p.dtype == dtype for p in frozen):
-            yield
-            return
-        self.float_frozen = self.model.swap_frozen([p.detach().to(dtype) for p in frozen])
-        try:
-            yield
-        finally:
-            self.model.swap_frozen(self.float_frozen)
-            self.float_frozen = None
 
     def _backward(self, batches: list[Batch]) -> list[tuple[float, dict[str, float], float | None]]:
         """Backpropagate one step's micro-batches, each cut into `self.passes` passes, each pass weighted by its share
@@ -467,7 +442,6 @@ class Trainer:
         cfg, model = self.config, self.model
         was_training = model.training
         model.eval()
-        rounded = model.swap_frozen(self.float_frozen) if self.float_frozen else None
         line: dict = {"kind": "eval", "step": self.step}
         for index, (name, held) in enumerate(zip(self.names, self.dev)):
             if not held:
@@ -483,8 +457,6 @@ class Trainer:
             line.update({f"{name}/{term}": round(value / len(held), 4) for term, value in totals.items()})
             if cfg.eval_generate:
                 line.update(self._generation_scores(name, cfg.data[index], held[: cfg.eval_generate], index))
-        if rounded:
-            model.swap_frozen(rounded)
         model.train(was_training)
         self._metric(line)
         log.info("eval at step %d: %s", self.step, {k: v for k, v in line.items() if "/" in k})
