@@ -13,11 +13,12 @@ from the shipped checkpoint (no warm start, no dev evaluation) and reports updat
 (nugget_rag/train/flops.py) over the second half of the steps, the first half a warm-up (a compiled arm compiles
 there); each arm's setup (loading, tokenising) and warm-up seconds are reported apart. `--records N` caps what each
 source reads at its first N records (of its training split) before tokenising, `--data PATH` moves every source onto
-one file (as the CPU dry run does).
+one file (as the CPU dry run does), and `--ready-dir DIR` reads the recipe's sources as ready sets (TrainConfig.ready_dir:
+no tokenising; a GPU call's READY).
 `--compile both` runs each arm eager and with `compile` (torch.compile per layer), `--packing both` padded and
 packed; `--attention reference fused` runs
 each with the decoder's float-mask attention and with the fused one (TrainConfig.attention). Writes
-benchmarks/results/<name>.{md,json}.
+benchmarks/results/<name>.{md,json}, again after each arm (a time limit that stops a later arm leaves the earlier ones).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def arm_config(recipe: dict, args, group: int, compiled: bool, attention: str, p
         "eval_every": 0, "eval_generate": 0, "save_every": 10**6,
         "log_every": max(args.steps // 2, 1), "threads": args.threads, "peak_tflops": args.peak_tflops,
         "compile": compiled, "attention": attention, "packing": packing,
+        "ready_dir": str(args.ready_dir) if args.ready_dir else None,
         # the speed does not depend on the weights: from the shipped checkpoint (none where the recipe starts fresh),
         # never a chain's export, which a GPU machine lacks
         "init_from": "default" if recipe.get("init_from") else None, "chain": False,
@@ -121,17 +123,29 @@ def main() -> None:
                         help="the decoder's attention in training, one arm each (TrainConfig.attention)")
     parser.add_argument("--records", type=int, metavar="N", help="read only each source's first N records")
     parser.add_argument("--data", type=Path, metavar="PATH", help="every source reads this file instead")
+    parser.add_argument("--ready-dir", type=Path, metavar="DIR", help="the recipe's sources as ready sets")
     parser.add_argument("--name", default="training-throughput")
     args = parser.parse_args()
     if args.records is not None and args.records < 1:
         parser.error("--records must be at least 1")
+    if args.ready_dir and (args.records or args.data):
+        parser.error("--ready-dir reads the recipe's own sources, ready: drop --records and --data")
     recipe = yaml.safe_load(args.config.read_text())
+    arms = {"off": [False], "on": [True], "both": [False, True]}
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        recipe["data"] = sources(recipe, args.data, args.records, Path(tmp))
-        arms = {"off": [False], "on": [True], "both": [False, True]}
-        rows = [measure(recipe, args, group, c, attention, packing, Path(tmp))
-                for group in args.group for c in arms[args.compile] for attention in args.attention
-                for packing in arms[args.packing]]
+        if not args.ready_dir:
+            recipe["data"] = sources(recipe, args.data, args.records, Path(tmp))
+        for group in args.group:
+            for compiled in arms[args.compile]:
+                for attention in args.attention:
+                    for packing in arms[args.packing]:
+                        rows.append(measure(recipe, args, group, compiled, attention, packing, Path(tmp)))
+                        report(rows, args)
+
+
+def report(rows: list[dict], args) -> None:
+    """Write the arms measured so far to benchmarks/results/<name>.{md,json} and print the table."""
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     base = rows[0]
     lines = [f"# Training throughput ({date.today()})", "",
@@ -149,7 +163,7 @@ def main() -> None:
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     (results / f"{args.name}.json").write_text(json.dumps({"device": device, "args": vars(args) | {"config": str(args.config)},
-                                                           "rows": rows}, indent=1))
+                                                           "rows": rows}, indent=1, default=str))
     print("\n".join(lines))
 
 

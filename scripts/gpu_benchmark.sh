@@ -1,32 +1,33 @@
 #!/usr/bin/env bash
 # The first (or last) thing to run on a lent GPU, bounded to BENCH_SECONDS (default 150) on a fresh machine, install
 # included, every part on a small fixed input and bounded by its own share: the pretraining stage's step
-# (configs/pretrain.yaml at batch 16 on the first 400 records of each source: updates/s, tokens/s and MFU), eager and
-# with `compile: true`, and time to first token and decoding at 1, 4 and 16 documents of 256 tokens (Full against
-# nuggets), eager and with each decoding step a CUDA graph. Each part logs its setup seconds (loading, tokenising,
-# compiling) apart from its measured ones. BENCHMARKS.md takes its GPU figures from what this writes.
+# (configs/pretrain.yaml at batch 16: updates/s, tokens/s and MFU), eager and with `compile: true`, and time to first
+# token and decoding at 1, 4 and 16 documents of 256 tokens (Full against nuggets), eager and with each decoding step
+# a CUDA graph. Each part logs its setup seconds (loading, tokenising, compiling) apart from its measured ones.
+# BENCHMARKS.md takes its GPU figures from what this writes.
 #
 #   bash scripts/gpu_benchmark.sh OUT_DIR
 #
-# Budget of a fresh H200 (150 s), each part's end planned at the sum of the shares before it (a part that ends early
-# leaves its time to the next; one that runs out of its share, or of BENCH_SECONDS, is stopped, logged, and the rest
-# run):
-#   install (bundle)            35 s
-#   pretraining step            65 s   one process: model conversion (~10 s) and loading, 400 records a source
-#                                      tokenised, 8 steps eager, then the same with `compile: true` (4 compiling)
-#   speed, eager                20 s   1, 4 and 16 documents, a warm-up and 2 repeats of 8 tokens each
-#   speed, CUDA graphs          25 s   the same, the warm-ups recording the graphs
-#   tables and archive           5 s
+# Budget (150 s), each part's end planned at the sum of the shares before it (a part that ends early leaves its time
+# to the next; one that runs out of its share, or of BENCH_SECONDS, is stopped, logged, and the rest run). On the
+# H200 of 2026-11-27 each Python process spent 10-15 s importing and loading before its first step, and tokenising
+# ran at 40 examples/s, so the pretraining step reads READY's ready sets where given:
+#   install (bundle)            10 s   on the chain call's warm machine (wheels and this tree installed already)
+#   pretraining step            80 s   one process: loading, 8 steps eager, then 8 with `compile: true` (the first 4
+#                                      compiling); its table is written after each arm
+#   speed, eager                30 s   1, 4 and 16 documents, a warm-up and 2 repeats of 8 tokens each
+#   speed, CUDA graphs          30 s   the same, the warm-ups recording the graphs
 # BENCH_EXTRA=1 adds, after them, the attention paths' equality check (reference against fused, 30 s), the step
 # profile (30 s) and compiled decoding against eager token for token (30 s): give BENCH_SECONDS=240 with it.
 #
 # OUT_DIR, which must be empty, receives 3 files: bench.md (every part's table, one after another), reports.tar.gz
-# (each part's .md and .json) and bench.log. The pretraining step reads ../corpus (scripts/gpu_bundle.sh's CORPUS),
-# else the bundle's ../shared/data/python-3.11-docs.jsonl for both objectives.
-# Environment: PYTHON, PARTS, CORPUS, WHEELS and DATA as for scripts/gpu_session.sh; BATCH (default 16) the training
-# micro-batch, STEPS (default 8) steps per arm, the first half a warm-up; RECORDS (default 400) records per source;
-# DRY_RUN=1 the CPU rehearsal: every part on a tiny random LLaMA and tiny data (tests/dry_run.py), two steps an arm,
-# each share times 4 (BENCH_SECONDS default 600), the same OUT layout.
+# (each part's .md and .json) and bench.log. The pretraining step reads READY (scripts/gpu_bundle.sh: ready sets of
+# configs/pretrain.yaml), else the first RECORDS of each source in ../corpus, else of the bundle's
+# ../shared/data/python-3.11-docs.jsonl for both objectives.
+# Environment: PYTHON, PARTS, READY, CORPUS, WHEELS and DATA as for scripts/gpu_session.sh; BATCH (default 16) the
+# training micro-batch, STEPS (default 8) steps per arm, the first half a warm-up; RECORDS (default 100) records per
+# source where no READY; DRY_RUN=1 the CPU rehearsal: every part on a tiny random LLaMA and tiny data
+# (tests/dry_run.py), two steps an arm, each share times 4 (BENCH_SECONDS default 600), the same OUT layout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_benchmark.sh OUT_DIR}
@@ -38,14 +39,14 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 scale=1
 [ -z "${DRY_RUN:-}" ] || scale=4
-deadline=$(( $(date +%s) + ${BENCH_SECONDS:-$(( 150 * scale ))} )) planned=$(( $(date +%s) + 35 * scale ))
+deadline=$(( $(date +%s) + ${BENCH_SECONDS:-$(( 150 * scale ))} )) planned=$(( $(date +%s) + 10 * scale ))
 log() { echo "[gpu_benchmark $(date +%T)] $*" | tee -a "$out/bench.log"; }
 
 LOG_FILE="$out/bench.log"
 source scripts/gpu_bundle.sh
 source scripts/gpu_python.sh
 reports=$(mktemp -d) tag="bench-$$-"
-batch=${BATCH:-16} steps=${STEPS:-8} records=${RECORDS:-400} config=configs/pretrain.yaml
+batch=${BATCH:-16} steps=${STEPS:-8} records=${RECORDS:-100} config=configs/pretrain.yaml
 recipe=configs/recipe-r10.yaml
 data_flags=() model_flags=() eval_flags=()
 speed_flags=(--speed-docs 1 4 16 --speed-repeats 2 --speed-doc-tokens 256 --speed-decode-steps 8 --speed-no-policy)
@@ -53,15 +54,20 @@ if [ -n "${DRY_RUN:-}" ]; then
   dry=$(mktemp -d)
   config=$("$py" tests/dry_run.py "$dry" "$config")
   [ -z "${BENCH_EXTRA:-}" ] || recipe=$("$py" tests/dry_run.py "$dry/recipe" "$recipe")
-  batch=2 steps=2 records=40
+  batch=2 steps=2 records=40 ready_flags=()  # the tiny model's tokenizer: the ready sets of READY are not its
+  data_flags=(--records "$records")
   model_flags=(--base-model "$dry/base" --data "$dry/data/squad-dev-v1.1.json")
   eval_flags=(--base-model "$dry/base" --data-dir "$dry/data")
   speed_flags=(--speed-docs 1 4 16 --speed-repeats 1 --speed-doc-tokens 64 --speed-decode-steps 4 --speed-no-policy
                --task-split speed=all)  # the tiny data's test part is short
   log "dry run: every part on a tiny model and tiny data ($dry)"
+elif [ ${#ready_flags[@]} -gt 0 ]; then
+  log "the pretraining step reads the ready sets of READY (no tokenising)"
 elif [ ! -d ../corpus ]; then
-  data_flags=(--data ../shared/data/python-3.11-docs.jsonl)
-  log "no ../corpus: the pretraining step reads ${data_flags[1]} for both objectives"
+  data_flags=(--data ../shared/data/python-3.11-docs.jsonl --records "$records")
+  log "no ../corpus: the pretraining step reads the first $records records of ${data_flags[1]} for both objectives"
+else
+  data_flags=(--records "$records")
 fi
 
 step() {  # NAME SHARE COMMAND...: one part, to end by the planned end (SHARE x scale later) and the deadline
@@ -81,13 +87,13 @@ step() {  # NAME SHARE COMMAND...: one part, to end by the planned end (SHARE x 
     log "$name stopped (rc $?)"
   fi
 }
-train_flags=(--config "$config" "${data_flags[@]}" --records "$records" --batch-size "$batch" --steps "$steps"
+train_flags=(--config "$config" "${data_flags[@]}" "${ready_flags[@]}" --batch-size "$batch" --steps "$steps"
              --group 16 --padding-batches 1)
-step "pretraining step, eager then compile: true (setup, warm-up and measured seconds per arm)" 65 "$py" \
+step "pretraining step, eager then compile: true (setup, warm-up and measured seconds per arm)" 80 "$py" \
   benchmarks/training_throughput.py "${train_flags[@]}" --compile both --name "$tag"pretrain-step
-step "time to first token and decoding, Full and nuggets, eager" 20 "$py" -m nugget_rag.cli eval --tasks speed \
+step "time to first token and decoding, Full and nuggets, eager" 30 "$py" -m nugget_rag.cli eval --tasks speed \
   "${speed_flags[@]}" --ratios 10 --out-dir "$reports" --name speed --no-plots "${eval_flags[@]}"
-step "the same, each decoding step a CUDA graph" 25 "$py" -m nugget_rag.cli eval --tasks speed \
+step "the same, each decoding step a CUDA graph" 30 "$py" -m nugget_rag.cli eval --tasks speed \
   "${speed_flags[@]}" --ratios 10 --decoding compiled --out-dir "$reports" --name speed-compiled --no-plots \
   "${eval_flags[@]}"
 parts=(pretrain-step speed speed-compiled)

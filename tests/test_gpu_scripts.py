@@ -121,3 +121,28 @@ def test_ready_sets_carried_as_one_archive_are_trained_from(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
     assert "ready sets from /tmp/ready/ready: autoencoding:python-3.11-docs train, autoencoding:python-3.11-docs#1 " \
            "train, continuation:python-3.11-docs train, continuation:python-3.11-docs#3 train" in log, log[-3000:]
+
+
+def test_the_training_benchmark_reads_ready_sets_without_tokenising(tmp_path):
+    """`training_throughput.py --ready-dir` (the GPU benchmark's READY): the recipe's own sources, loaded ready, no
+    tokenizer pass over them; its table is written after the arm."""
+    from dry_run import write
+
+    stage = write(tmp_path / "dry", ROOT / "configs" / "pretrain.yaml")
+    made = subprocess.run([sys.executable, "-m", "nugget_rag.train", "--config", str(stage), "--output-dir",
+                           str(tmp_path / "run"), "--write-ready", str(tmp_path / "ready")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-2000:]
+    name = f"test-ready-{os.getpid()}"
+    done = subprocess.run([sys.executable, "benchmarks/training_throughput.py", "--config", str(stage), "--ready-dir",
+                           str(tmp_path / "ready"), "--batch-size", "2", "--steps", "2", "--group", "16",
+                           "--padding-batches", "1", "--name", name], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    results = [ROOT / "benchmarks" / "results" / f"{name}.{ext}" for ext in ("md", "json")]
+    try:
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert not re.search(r"tokenising \S+:", done.stdout + done.stderr)  # no tokenizer pass (its bar)
+        assert json.loads(results[1].read_text())["rows"][0]["updates_per_s"] > 0
+    finally:
+        for path in results:
+            path.unlink(missing_ok=True)
