@@ -12,6 +12,7 @@ import torch
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage
+from langchain_tests.integration_tests import RetrieversIntegrationTests
 from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
@@ -19,6 +20,7 @@ from nugget_rag.integrations import (
     DocumentLoadError,
     IndexFileError,
     NuggetIndex,
+    NuggetRetriever,
     build_qa_chain,
     chunk_id,
     load_documents,
@@ -164,6 +166,48 @@ def test_refloor_cuts_the_stored_states_and_the_answers_stay(tiny_model, tmp_pat
 ])
 def test_retrieval_finds_the_relevant_document(index, question, source):
     assert index.as_retriever(k=1).invoke(question)[0].metadata["source"] == source
+
+
+@pytest.fixture(scope="module")
+def module_index(tiny_model):
+    """An index of DOCS (several chunks each) whose nuggets live in memory, shared by the module's read-only tests."""
+    index = NuggetIndex(NuggetCompressor(model=tiny_model), HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
+    index.ingest(DOCS)
+    return index
+
+
+class TestNuggetRetrieverStandard(RetrieversIntegrationTests):
+    """LangChain's standard retriever suite on NuggetIndex's retriever: `k` in the constructor and at invoke."""
+
+    @pytest.fixture(autouse=True)
+    def _index(self, module_index):
+        self.index = module_index
+
+    @property
+    def retriever_constructor(self) -> type[NuggetRetriever]:
+        return NuggetRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict:
+        return {"vectorstore": self.index.vectorstore, "k": 2}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "How fast does a falcon dive?"
+
+
+def test_retriever_k_must_be_a_positive_integer(module_index):
+    retriever = module_index.as_retriever(k=2, search_type="mmr", search_kwargs={"fetch_k": 5})
+    assert isinstance(retriever, NuggetRetriever) and len(retriever.invoke("falcon")) == 2
+    assert [d.id for d in module_index.as_retriever(k=1).invoke("falcon", k=3)] == \
+        [d.id for d in module_index.as_retriever(k=3).invoke("falcon")]
+    for k in (0, 1.5, True):
+        with pytest.raises(ValueError, match=rf"k={k!r}: the number of chunks to retrieve must be an integer >= 1"):
+            retriever.invoke("falcon", k=k)
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        module_index.as_retriever(k=0)
+    with pytest.raises(ValueError, match=r"search_kwargs=\{'k': 5\} sets k: pass k=5 to the retriever itself"):
+        module_index.as_retriever(search_kwargs={"k": 5})
 
 
 def test_save_load_round_trip_reads_nuggets_from_disk(index, tiny_model, tmp_path, monkeypatch):
