@@ -76,7 +76,12 @@ class IndexFileError(ValueError):
 
 # ---------------------------------------------------------------------------------------------- embeddings
 class SentenceTransformerEmbeddings(Embeddings):
-    """LangChain Embeddings over a local sentence-transformers model directory (normalized vectors)."""
+    """LangChain Embeddings over a local sentence-transformers model directory (normalized vectors).
+
+    Ours rather than langchain-huggingface's HuggingFaceEmbeddings: that is one more dependency, and it pickles the
+    loaded model, where this class travels to another process (a Ray worker) as its path and loads there from local
+    files. LangChain's standard embeddings suite checks it (tests/test_integrations.py).
+    """
 
     def __init__(self, path: str | Path, model_name: str | None = None, device: str | None = None,
                  batch_size: int = 32):

