@@ -212,6 +212,23 @@ def test_retriever_k_must_be_a_positive_integer(module_index):
         module_index.as_retriever(search_kwargs={"k": 5})
 
 
+async def test_contextual_compression_retriever_reads_nuggets_from_the_store(module_index, monkeypatch):
+    """langchain_classic's ContextualCompressionRetriever (LangChain 1.x) with NuggetCompressor as its compressor."""
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+
+    compressor = module_index.compressor
+    retriever = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=module_index.as_retriever(k=2))
+    question = "Which planet has the great red spot storm?"
+    forbid_compress(monkeypatch, compressor.model)  # the index compressed every chunk at ingest
+    docs = retriever.invoke(question)
+    retrieved = module_index.as_retriever(k=2).invoke(question)
+    assert [d.page_content for d in docs] == [d.page_content for d in retrieved]
+    assert docs[0].metadata["source"] == "planets.txt"
+    assert all(compressor.store.get_by_key(d.metadata["nuggets"]["key"]) is not None for d in docs)
+    assert [d.metadata for d in await retriever.ainvoke(question)] == [d.metadata for d in docs]
+    assert len(retriever.invoke(question, k=1)) == 1  # invoke's k reaches the NuggetIndex retriever
+
+
 def test_save_load_round_trip_reads_nuggets_from_disk(index, tiny_model, tmp_path, monkeypatch):
     target = tmp_path / "saved"
     index.save(target)
