@@ -3,6 +3,7 @@
 from .faiss_store import (
     IndexFileError,
     NuggetIndex,
+    NuggetRetriever,
     SentenceTransformerEmbeddings,
     build_qa_chain,
     chunk_id,
@@ -17,8 +18,8 @@ from .refloor import RefloorReport, refloor
 from .visualize import NuggetView, nugget_view, reading_view, render_html, render_terminal
 
 __all__ = [
-    "DocumentLoadError", "IndexFileError", "NuggetIndex", "SentenceTransformerEmbeddings", "build_qa_chain",
-    "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
+    "DocumentLoadError", "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings",
+    "build_qa_chain", "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
     "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor",
     "NuggetView", "nugget_view", "reading_view", "render_html", "render_terminal",
 ]

@@ -34,11 +34,14 @@ except ImportError as err:  # a core install: retrieval is an extra
     raise ImportError(f"{err.name} is not installed: nugget-rag's FAISS retrieval needs its [retrieval] extra "
                       "(pip install 'nugget-rag[retrieval]')") from err
 from filelock import FileLock, Timeout
+from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnablePassthrough
+from langchain_core.vectorstores import VectorStoreRetriever
+from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
 from nugget_rag.base_model import quiet_loading
@@ -73,7 +76,12 @@ class IndexFileError(ValueError):
 
 # ---------------------------------------------------------------------------------------------- embeddings
 class SentenceTransformerEmbeddings(Embeddings):
-    """LangChain Embeddings over a local sentence-transformers model directory (normalized vectors)."""
+    """LangChain Embeddings over a local sentence-transformers model directory (normalized vectors).
+
+    Ours rather than langchain-huggingface's HuggingFaceEmbeddings: that is one more dependency, and it pickles the
+    loaded model, where this class travels to another process (a Ray worker) as its path and loads there from local
+    files. LangChain's standard embeddings suite checks it (tests/test_integrations.py).
+    """
 
     def __init__(self, path: str | Path, model_name: str | None = None, device: str | None = None,
                  batch_size: int = 32):
@@ -269,11 +277,13 @@ class NuggetIndex:
                      distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE)
 
     # ------------------------------------------------------------------ retrieval
-    def as_retriever(self, k: int = 4, **kwargs: Any) -> BaseRetriever:
-        """A retriever of the `k` most similar chunks (add `| compressor` to read their nuggets)."""
+    def as_retriever(self, k: int = 4, **kwargs: Any) -> NuggetRetriever:
+        """A retriever of the `k` most similar chunks (add `| compressor` to read their nuggets); `kwargs` are
+        NuggetRetriever's (search_type, search_kwargs, tags, ...)."""
         if self.vectorstore is None:
             raise ValueError("the index is empty: ingest documents first")
-        return self.vectorstore.as_retriever(search_kwargs={"k": k, **kwargs.pop("search_kwargs", {})}, **kwargs)
+        tags = kwargs.pop("tags", None) or [type(self.vectorstore).__name__, type(self.embeddings).__name__]
+        return NuggetRetriever(vectorstore=self.vectorstore, k=k, tags=tags, **kwargs)
 
     # ------------------------------------------------------------------ persistence
     def manifest(self) -> dict[str, Any]:
@@ -466,6 +476,37 @@ class NuggetIndex:
             lock.release()
 
 
+class NuggetRetriever(VectorStoreRetriever):
+    """The `k` chunks of a NuggetIndex most similar to a query: `k` set here, or per call (`invoke(query, k=2)`).
+
+    `NuggetIndex.as_retriever` makes one; `NuggetRetriever(vectorstore=index.vectorstore, k=3)` too. The other
+    search options go in `search_kwargs` (e.g. `fetch_k` with `search_type="mmr"`), as in VectorStoreRetriever.
+    """
+
+    k: int = Field(default=4, ge=1)
+
+    @field_validator("search_kwargs")
+    @classmethod
+    def _no_k_in_search_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "k" in value:
+            raise ValueError(f"search_kwargs={value!r} sets k: pass k={value['k']!r} to the retriever itself")
+        return value
+
+    def _search(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        k = kwargs.get("k", self.k)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r}: the number of chunks to retrieve must be an integer >= 1")
+        return {**kwargs, "k": k}
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
+                                **kwargs: Any) -> list[Document]:
+        return super()._get_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
+
+    async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
+                                       **kwargs: Any) -> list[Document]:
+        return await super()._aget_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
+
+
 def read_manifest(directory: str | Path) -> dict[str, Any] | None:
     """The manifest of the index saved in `directory` (its settings: r, chunking, embeddings), or None if none."""
     path = Path(directory) / MANIFEST_FILE
@@ -593,6 +634,6 @@ def source_label(metadata: dict[str, Any]) -> str:
 
 
 __all__: list[str] = [
-    "IndexFileError", "NuggetIndex", "SentenceTransformerEmbeddings", "build_qa_chain", "chunk_id",
+    "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings", "build_qa_chain", "chunk_id",
     "embedding_name", "load_compressor", "minilm_embeddings", "read_manifest", "source_label",
 ]

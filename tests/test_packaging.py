@@ -6,7 +6,8 @@ import tomllib
 from pathlib import Path
 
 EXTRA_MODULES = {"faiss", "datasets", "matplotlib", "sacrebleu", "rouge_score", "sentence_transformers",
-                 "langchain_community", "langchain_text_splitters", "redis", "fastapi", "uvicorn", "ray"}
+                 "langchain_community", "langchain_text_splitters", "langchain_classic", "redis", "fastapi", "uvicorn",
+                 "ray"}
 
 
 def test_core_imports_none_of_the_extras():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from langchain_core.stores import InMemoryByteStore
+from langchain_tests.integration_tests import BaseStoreAsyncTests, BaseStoreSyncTests
 
 from nugget_rag.state import CorruptStateError, NuggetState
 from nugget_rag.store import DirectoryByteStore, NuggetStore
@@ -237,14 +238,80 @@ def test_concurrent_nugget_store_puts_and_gets(tmp_path):
     assert temp_files(tmp_path) == []
 
 
-@pytest.mark.parametrize("key", ["", "..", ".hidden", "../etc", "ab/cd", "ab\\cd", "ABCD", "ab cd", "abc~1", "é"])
-def test_invalid_key_raises(tmp_path, key):
+ODD_KEYS = ["", ".", "..", ".hidden", "../etc", "/etc/passwd", "ab/cd", "ab\\cd", "ABCD", "abcd ", "ab cd", "abc~1",
+            "=", "%41", "A", "a", "é", "e\u0301", "\x00", "\ud800", "-rf", "foo", "bar", "jobs", "keys", "CON",
+            "k" * 80, "日本語のキー"]
+
+
+def test_any_string_key_round_trips_inside_the_directory_in_a_file_of_its_own(tmp_path):
+    store = DirectoryByteStore(tmp_path / "store")
+    store.mset([(key, f"value {i}".encode()) for i, key in enumerate(ODD_KEYS)])
+    assert store.mget(ODD_KEYS) == [f"value {i}".encode() for i in range(len(ODD_KEYS))]
+    assert sorted(store.yield_keys()) == sorted(ODD_KEYS)
+    assert sorted(store.yield_keys("ab")) == ["ab cd", "ab/cd", "ab\\cd", "abcd ", "abc~1"]
+    files = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert len(files) == len(ODD_KEYS) and temp_files(tmp_path) == []
+    assert {p.parent for p in files} == {tmp_path / "store" / "keys", tmp_path / "store" / "a"}  # "a" is hex
+    assert len({p.name.lower() for p in files}) == len(files)  # apart on a case-insensitive file system too
+    store.mdelete(ODD_KEYS[::2])
+    assert store.mget(ODD_KEYS) == [None if i % 2 == 0 else f"value {i}".encode() for i in range(len(ODD_KEYS))]
+    assert sorted(store.yield_keys()) == sorted(ODD_KEYS[1::2])
+
+
+def test_hex_keys_keep_the_files_earlier_versions_wrote(tmp_path):
+    key = "9f" + "0" * 62
+    (tmp_path / "9f").mkdir()
+    (tmp_path / "9f" / key).write_bytes(b"cached before")
+    (tmp_path / "jobs").mkdir()  # ingest_jobs.py's records: no keys
+    (tmp_path / "jobs" / "ingest-1.json").write_bytes(b"{}")
     store = DirectoryByteStore(tmp_path)
-    for call in (lambda: store.mget([key]), lambda: store.mset([(key, b"x")]), lambda: store.mdelete([key])):
-        with pytest.raises(ValueError, match="invalid store key") as err:
-            call()
-        assert repr(key) in str(err.value)
-    assert list(tmp_path.iterdir()) == []
+    assert store.mget([key]) == [b"cached before"] and list(store.yield_keys()) == [key]
+    store.mset([("ab01", b"1"), ("e", b"2"), ("a.b-c_d", b"3")])
+    assert [entry_path(tmp_path, k).read_bytes() for k in ("ab01", "e", "a.b-c_d")] == [b"1", b"2", b"3"]
+
+
+def test_stray_files_in_the_escaped_folder_are_no_keys(tmp_path):
+    store = DirectoryByteStore(tmp_path)
+    store.mset([("foo", b"1")])
+    for name in ("=foo~tmp123", "=%66oo", "=%ff", "=FOO", "foo", "=a%2"):  # a temp file, non-canonical, invalid
+        (tmp_path / "keys" / name).write_bytes(b"x")
+    assert list(store.yield_keys()) == ["foo"]
+
+
+def test_keys_too_long_for_a_file_name_or_not_strings_are_refused(tmp_path):
+    store = DirectoryByteStore(tmp_path)
+    store.mset([("k" * 239, b"fits")])  # "=" and 239 letters: 240 bytes, and 9 more for the temporary name
+    for key in ("k" * 240, "é" * 50, "a" * 241):
+        with pytest.raises(ValueError, match=r"over 240; use a shorter key") as err:
+            store.mset([(key, b"x")])
+        assert repr(key[:40]) in str(err.value)
+    with pytest.raises(ValueError, match="invalid store key 12: store keys are strings"):
+        store.mget([12])
+    assert list(store.yield_keys()) == ["k" * 239]
+
+
+class TestDirectoryByteStoreSync(BaseStoreSyncTests[bytes]):
+    """LangChain's standard key-value suite: DirectoryByteStore is a ByteStore for any string key."""
+
+    @pytest.fixture
+    def kv_store(self, tmp_path) -> DirectoryByteStore:
+        return DirectoryByteStore(tmp_path / "store")
+
+    @pytest.fixture
+    def three_values(self) -> tuple[bytes, bytes, bytes]:
+        return b"foo", b"bar", b"\x00buzz\xff"
+
+
+class TestDirectoryByteStoreAsync(BaseStoreAsyncTests[bytes]):
+    """The same suite through amget/amset/amdelete/ayield_keys (BaseStore's defaults, on a thread)."""
+
+    @pytest.fixture
+    async def kv_store(self, tmp_path) -> DirectoryByteStore:
+        return DirectoryByteStore(tmp_path / "store")
+
+    @pytest.fixture
+    def three_values(self) -> tuple[bytes, bytes, bytes]:
+        return b"foo", b"bar", b"\x00buzz\xff"
 
 
 def test_directory_store_keys_get_delete(tmp_path):
