@@ -89,18 +89,21 @@ def served(redis_url, tmp_path_factory):
     index_dir = tmp_path_factory.mktemp("index")
     port = free_port()
     options = RayServeOptions(min_replicas=2, cpus_per_replica=0.5, port=port)
+    patch = pytest.MonkeyPatch()  # Serve gives its proxies 60 s to start, too few on a busy CPU
+    patch.setattr("ray.serve._private.api.HTTP_PROXY_TIMEOUT", 600, raising=False)
     try:
         serve_index(index_dir, tiny_compressor(NuggetStore.from_redis(redis_url)), HashEmbeddings(), options,
                     model=TinyLoader(step_s=0.05), max_batch=4)
         yield {"port": port, "index_dir": index_dir}
     finally:
+        patch.undo()
         serve.shutdown()
         ray.shutdown()
 
 
 def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, str, dict | list]:
     """One request: its status, the replica that answered, and its JSON (a list of lines for NDJSON)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)  # wide: Ray starts slowly on a busy CPU
     try:
         connection.request(method, path, json.dumps(body) if body is not None else None,
                            {"Content-Type": "application/json"})
@@ -200,7 +203,7 @@ def test_replicas_autoscale_between_the_bounds_on_requests_in_flight():
 def stream(port: int, started: list) -> dict:
     """A long streamed answer (6 s): the replica that gives it (None: it failed before its response started), and
     whether it ended with its sources."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     try:
         connection.request("POST", "/ask", json.dumps({**QUESTION, "max_new_tokens": 120}),
                            {"Content-Type": "application/json"})
@@ -223,7 +226,7 @@ def test_a_replica_killed_mid_stream_loses_no_other_request(served, ingested):
     started: list[str] = []
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(stream, served["port"], started) for _ in range(4)]
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # wide: a busy CPU
         while len(set(started)) < 2 and time.monotonic() < deadline:  # both replicas are answering
             time.sleep(0.02)
         victim = started[-1]  # its answer has just started
