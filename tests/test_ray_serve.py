@@ -84,13 +84,15 @@ def redis_url(tmp_path_factory):
 def served(redis_url, tmp_path_factory):
     """2 replicas (half a CPU each: the other CPU runs the ingest's Ray Data worker) over an empty index directory."""
     path = os.pathsep.join([str(TESTS.parent), str(TESTS)])  # the replicas import this checkout, tiny, HashEmbeddings
+    patch = pytest.MonkeyPatch()  # Serve's limits on a proxy's start (5 s, 10 s, 60 s) are too short on a busy CPU
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        patch.setenv(name, "300")  # read by Serve's controller, a process this local Ray starts
+    patch.setattr("ray.serve._private.api.HTTP_PROXY_TIMEOUT", 600, raising=False)
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     index_dir = tmp_path_factory.mktemp("index")
     port = free_port()
     options = RayServeOptions(min_replicas=2, cpus_per_replica=0.5, port=port)
-    patch = pytest.MonkeyPatch()  # Serve gives its proxies 60 s to start, too few on a busy CPU
-    patch.setattr("ray.serve._private.api.HTTP_PROXY_TIMEOUT", 600, raising=False)
     try:
         serve_index(index_dir, tiny_compressor(NuggetStore.from_redis(redis_url)), HashEmbeddings(), options,
                     model=TinyLoader(step_s=0.05), max_batch=4)
