@@ -40,6 +40,7 @@ KEPT_JOBS = 100  # finished jobs whose records stay readable
 JOB_NICE = 10  # how much nicer than the server the thread that runs ingest jobs is (Linux)
 HEARTBEAT_S = 10.0  # how often a server refreshes the records of its jobs under way
 STALE_S = 3 * HEARTBEAT_S  # a job under way whose record is older than this: its server stopped
+CLOSE_WAIT_S = 60.0  # how long a stopping server waits for the step its job has under way
 JOBS_FOLDER = "jobs"  # in a directory store
 _JOB_ID = re.compile(r"ingest-[0-9a-f]{32}")
 
@@ -152,9 +153,9 @@ class IngestJobs:
         self.server = f"{socket.gethostname()}:{os.getpid()}"
         self.running: dict[str, IngestJob] = {}  # this server's jobs queued or running
         self.lock = threading.Lock()  # held to change a job and write its record
-        self.todo: queue.Queue[tuple[IngestJob, list[Document]]] = queue.Queue()
+        self.todo: queue.Queue[tuple[IngestJob, list[Document]] | None] = queue.Queue()  # None: the worker ends
         self.closed = threading.Event()
-        self.started = False  # its threads: the worker and the heartbeat
+        self.threads: list[threading.Thread] = []  # the worker and the heartbeat, started with the first job
 
     @property
     def active(self) -> int:
@@ -173,10 +174,11 @@ class IngestJobs:
             self.running[job.id] = job
             finished = [j.id for j in self._reported(self.records.all()) if not j.active]
             self.records.delete(finished[:max(0, len(finished) - KEPT_JOBS)])
-            if not self.started:
-                threading.Thread(target=self._work, name="ingest-jobs", daemon=True).start()
-                threading.Thread(target=self._beat, name="ingest-jobs-heartbeat", daemon=True).start()
-                self.started = True
+            if not self.threads:
+                self.threads = [threading.Thread(target=self._work, name="ingest-jobs", daemon=True),
+                                threading.Thread(target=self._beat, name="ingest-jobs-heartbeat", daemon=True)]
+                for thread in self.threads:
+                    thread.start()
             self.todo.put((job, documents))
             return job.model_copy()
 
@@ -206,13 +208,19 @@ class IngestJobs:
             return job.model_copy()
 
     def close(self) -> None:
-        """The server stops: its jobs under way are recorded as interrupted, and stop at their next step."""
+        """The server stops: its jobs under way are recorded as interrupted and stop at their next step, which this
+        waits for (at most CLOSE_WAIT_S): a thread still computing while Python exits would abort the process."""
         with self.lock:
             self.closed.set()
             for job in list(self.running.values()):
                 stopped = job.interrupted("the server stopped", time.time())
                 job.status, job.error, job.finished = stopped.status, stopped.error, stopped.finished
                 self._finish(job)
+            self.todo.put(None)
+        for thread in self.threads:
+            thread.join(CLOSE_WAIT_S)
+            if thread.is_alive():
+                log.warning("the %s thread still runs %.0f s after its server stopped", thread.name, CLOSE_WAIT_S)
 
     def _reported(self, jobs: list[IngestJob]) -> list[IngestJob]:
         """The jobs as they stand: this server's from its memory; another's under way, from a server silent for
@@ -236,8 +244,8 @@ class IngestJobs:
         if sys.platform == "linux":  # questions first: this thread, and the threads it starts, at a lower CPU priority
             thread = threading.get_native_id()
             os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + JOB_NICE))
-        while True:
-            job, documents = self.todo.get()
+        while (item := self.todo.get()) is not None:
+            job, documents = item
             with self.lock:
                 if job.status != "queued":  # cancelled while it waited
                     continue

@@ -291,7 +291,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        jobs.close()  # its jobs under way are recorded as interrupted
+        await anyio.to_thread.run_sync(jobs.close)  # its jobs under way: recorded as interrupted, their step ended
 
     app = FastAPI(title="nugget-rag", description=__doc__.split("\n\n")[0], lifespan=lifespan)
     compressor = index.compressor

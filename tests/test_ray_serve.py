@@ -84,6 +84,10 @@ def redis_url(tmp_path_factory):
 def served(redis_url, tmp_path_factory):
     """2 replicas (half a CPU each: the other CPU runs the ingest's Ray Data worker) over an empty index directory."""
     path = os.pathsep.join([str(TESTS.parent), str(TESTS)])  # the replicas import this checkout, tiny, HashEmbeddings
+    patch = pytest.MonkeyPatch()  # Serve's limits on a proxy's start (5 s, 10 s, 60 s) are too short on a busy CPU
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        patch.setenv(name, "300")  # read by Serve's controller, a process this local Ray starts
+    patch.setattr("ray.serve._private.api.HTTP_PROXY_TIMEOUT", 600, raising=False)
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     index_dir = tmp_path_factory.mktemp("index")
@@ -94,13 +98,14 @@ def served(redis_url, tmp_path_factory):
                     model=TinyLoader(step_s=0.05), max_batch=4)
         yield {"port": port, "index_dir": index_dir}
     finally:
+        patch.undo()
         serve.shutdown()
         ray.shutdown()
 
 
 def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, str, dict | list]:
     """One request: its status, the replica that answered, and its JSON (a list of lines for NDJSON)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)  # wide: Ray starts slowly on a busy CPU
     try:
         connection.request(method, path, json.dumps(body) if body is not None else None,
                            {"Content-Type": "application/json"})
@@ -200,7 +205,7 @@ def test_replicas_autoscale_between_the_bounds_on_requests_in_flight():
 def stream(port: int, started: list) -> dict:
     """A long streamed answer (6 s): the replica that gives it (None: it failed before its response started), and
     whether it ended with its sources."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     try:
         connection.request("POST", "/ask", json.dumps({**QUESTION, "max_new_tokens": 120}),
                            {"Content-Type": "application/json"})
@@ -223,7 +228,7 @@ def test_a_replica_killed_mid_stream_loses_no_other_request(served, ingested):
     started: list[str] = []
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(stream, served["port"], started) for _ in range(4)]
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # wide: a busy CPU
         while len(set(started)) < 2 and time.monotonic() < deadline:  # both replicas are answering
             time.sleep(0.02)
         victim = started[-1]  # its answer has just started

@@ -1,4 +1,8 @@
-"""`nugget-rag serve` on the tiny model and hash embeddings: endpoints, streaming, bad input, load."""
+"""`nugget-rag serve` on the tiny model and hash embeddings: endpoints, streaming, bad input, load.
+
+Time bounds here are behaviour, not speed, and hold on a busy machine (scripts/stress_suite.sh): work is counted (no
+step after a stop, fewer steps than a whole answer), slow steps end when the test says, and waits poll with a wide
+limit. Speed under load is measured by benchmarks/job_latency.py (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import http.client
 import itertools
 import json
 import socket
-import statistics
 import threading
 import time
 import urllib.error
@@ -25,6 +28,7 @@ from test_integrations import HashEmbeddings  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching, generation  # noqa: E402
+from nugget_rag.cancellation import current_stop  # noqa: E402
 from nugget_rag.generation import eos_ids  # noqa: E402
 from nugget_rag.ingest_jobs import IngestJob, JobRecords  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
@@ -68,17 +72,42 @@ def serving(app) -> Iterator[str]:
         thread.join(10)
 
 
+def eventually(check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    """Wait until `check()` holds; fail naming `what` if it does not within `timeout_s` (wide: a busy machine)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def slow_steps(monkeypatch):
-    """Decoding at 20 ms a step or more: a long answer takes seconds."""
-    steps = batching.generation_steps
+    """Decoding at 20 ms a step or more: a long answer takes seconds. The times the steps were decoded."""
+    steps, decoded = batching.generation_steps, []
 
     def slow(*args, **kwargs):
         for step in steps(*args, **kwargs):
             time.sleep(0.02)
+            decoded.append(time.monotonic())
             yield step
 
     monkeypatch.setattr(batching, "generation_steps", slow)
+    return decoded
+
+
+def hold(embeddings, monkeypatch, texts: list[str]) -> None:
+    """`embeddings` embed a batch holding any of `texts` only once the work it is part of is to stop (a cancelled
+    job, a server that stops): a step under way that ends when asked to, however busy the machine."""
+    embed, held = embeddings.embed_documents, set(texts)
+
+    def embed_when_stopped(batch: list[str]) -> list[list[float]]:
+        deadline = time.monotonic() + 60
+        while held.intersection(batch) and not ((stop := current_stop()) and stop()):
+            assert time.monotonic() < deadline, "the held step was never stopped"
+            time.sleep(0.01)
+        return embed(batch)
+
+    monkeypatch.setattr(embeddings, "embed_documents", embed_when_stopped)
 
 
 def test_ingest_then_ask_streams_the_answer_with_sources(client, tmp_path):
@@ -131,29 +160,22 @@ def test_a_client_leaving_mid_stream_frees_its_slot(client):
     client.post("/ingest", json={"documents": TEXTS})
     with client.stream("POST", "/ask", json={"question": "Bread?", "max_new_tokens": 64}) as response:
         next(response.iter_lines())
-    for _ in range(100):  # the server notices the closed stream
-        if client.get("/health").json()["pending"] == 0:
-            break
-        time.sleep(0.05)
-    assert client.get("/health").json()["pending"] == 0
+    eventually(lambda: client.get("/health").json()["pending"] == 0, "the slot freed")
 
 
 def test_200_requests_from_8_clients_all_succeed(index):
     index.ingest([Document(page_content=t) for t in TEXTS])
 
-    def ask(url: str, i: int) -> float:
-        start = time.perf_counter()
+    def ask(url: str, i: int) -> bytes:
         body = json.dumps({"question": f"Question {i}?", "k": 1, "max_new_tokens": 2, "stream": i % 2 == 0}).encode()
         request = urllib.request.Request(f"{url}/ask", data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as response:
-            assert response.status == 200 and response.read()
-        return time.perf_counter() - start
+            assert response.status == 200
+            return response.read()
 
     with serving(create_app(index, None, max_pending=64)) as url, ThreadPoolExecutor(8) as pool:
-        latencies = sorted(pool.map(lambda i: ask(url, i), range(200)))
-    assert len(latencies) == 200
-    print(f"200 requests, 8 clients: p50 {statistics.median(latencies) * 1000:.0f} ms, "
-          f"p95 {latencies[189] * 1000:.0f} ms")
+        answers = list(pool.map(lambda i: ask(url, i), range(200)))
+    assert len(answers) == 200 and all(answers)
 
 
 def test_openai_compatible_chat_completions(client):
@@ -236,18 +258,15 @@ def test_ingest_keeps_what_another_process_added_to_the_index_meanwhile(client, 
     assert len(saved) == 3
 
 
-def first_line_then_leave(url: str, body: dict) -> float:
-    """Open a streamed /ask, read its first line, and disconnect: the seconds to that line."""
+def first_line_then_leave(url: str, body: dict) -> None:
+    """Open a streamed /ask, read its first line, and disconnect."""
     host, port = url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    start = time.perf_counter()
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
     connection.request("POST", "/ask", json.dumps(body), {"Content-Type": "application/json"})
     response = connection.getresponse()
     assert response.status == 200 and "text" in json.loads(response.readline())
-    elapsed = time.perf_counter() - start
     response.close()
     connection.close()
-    return elapsed
 
 
 def pending(url: str) -> int:
@@ -257,17 +276,24 @@ def pending(url: str) -> int:
 
 def test_questions_are_answered_while_an_ingest_runs(client, index, monkeypatch):
     client.post("/ingest", json={"documents": TEXTS})
-    embed = index.embeddings.embed_documents
-    monkeypatch.setattr(index.embeddings, "embed_documents", lambda texts: time.sleep(3) or embed(texts))
+    embed, embedding, answered = index.embeddings.embed_documents, threading.Event(), threading.Event()
+
+    def held(texts: list[str]) -> list[list[float]]:  # the ingest waits, mid-way, until the questions are answered
+        embedding.set()
+        assert answered.wait(60), "the questions were not answered"
+        return embed(texts)
+
+    monkeypatch.setattr(index.embeddings, "embed_documents", held)
     many = [f"Document {i} tells of falcons, rivers and bread number {i}." for i in range(20)]
-    ingesting = ThreadPoolExecutor(1).submit(client.post, "/ingest", json={"documents": many})
-    time.sleep(0.5)
-    start = time.perf_counter()
-    for _ in range(3):
-        answer = client.post("/ask", json={"question": "Falcons?", "k": 1, "max_new_tokens": 2, "stream": False})
-        assert answer.status_code == 200
-    assert time.perf_counter() - start < 2 and not ingesting.done()  # not behind the ingest's 3 s and more
-    assert ingesting.result().json() == {"added": 20, "chunks": 22}
+    with ThreadPoolExecutor(1) as pool:
+        ingesting = pool.submit(client.post, "/ingest", json={"documents": many})
+        assert embedding.wait(60), "the ingest did not start"
+        for _ in range(3):
+            answer = client.post("/ask", json={"question": "Falcons?", "k": 1, "max_new_tokens": 2, "stream": False})
+            assert answer.status_code == 200
+        assert not ingesting.done()  # answered while the ingest was under way, not after it
+        answered.set()
+        assert ingesting.result().json() == {"added": 20, "chunks": 22}
     assert client.get("/health").json()["chunks"] == 22  # published once saved
 
 
@@ -282,12 +308,10 @@ def test_an_ingest_over_the_document_limit_gets_a_413_naming_it(index, tmp_path)
         assert client.post("/ingest", json={"documents": TEXTS}).json() == {"added": 2, "chunks": 2}
 
 
-def wait_for_job(client, job_id: str, timeout_s: float = 60) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while (job := client.get(f"/ingest/jobs/{job_id}").json())["status"] in ("queued", "running"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.05)
-    return job
+def wait_for_job(client, job_id: str) -> dict:
+    eventually(lambda: client.get(f"/ingest/jobs/{job_id}").json()["status"] not in ("queued", "running"),
+               f"job {job_id} ended", timeout_s=300)
+    return client.get(f"/ingest/jobs/{job_id}").json()
 
 
 def test_a_background_ingest_job_reports_progress_and_can_be_cancelled(index, tmp_path, monkeypatch):
@@ -301,13 +325,12 @@ def test_a_background_ingest_job_reports_progress_and_can_be_cancelled(index, tm
         assert (job["status"], job["done"], job["added"], job["error"]) == ("done", 70, 70, None)
         assert client.get("/health").json()["chunks"] == 70 and len(NuggetIndex.load(tmp_path, index.compressor,
                                                                                       HashEmbeddings())) == 70
-        embed = index.embeddings.embed_documents
-        monkeypatch.setattr(index.embeddings, "embed_documents", lambda texts: time.sleep(0.5) or embed(texts))
-        slow = client.post("/ingest/jobs", json={"documents": [f"More {i} on rivers." for i in range(70)]}).json()
-        while client.get(f"/ingest/jobs/{slow['id']}").json()["done"] == 0:  # its first step has landed
-            time.sleep(0.05)
+        more = [f"More {i} on rivers." for i in range(70)]
+        hold(index.embeddings, monkeypatch, more[32:])  # its second step ends once cancelled
+        slow = client.post("/ingest/jobs", json={"documents": more}).json()
+        eventually(lambda: client.get(f"/ingest/jobs/{slow['id']}").json()["done"] > 0, "the first step landed")
         assert client.delete(f"/ingest/jobs/{slow['id']}").json()["status"] == "cancelled"
-        time.sleep(1)  # the step under way ends, and no other starts
+        time.sleep(0.5)  # the step under way ends (held until now, so no later one can have started)
         cancelled = client.get(f"/ingest/jobs/{slow['id']}").json()
         assert cancelled["status"] == "cancelled" and 32 <= cancelled["done"] < 70
         assert [j["id"] for j in client.get("/ingest/jobs").json()["jobs"]] == [job_id, slow["id"]]
@@ -316,24 +339,21 @@ def test_a_background_ingest_job_reports_progress_and_can_be_cancelled(index, tm
         assert missing.status_code == 404 and "'ingest-nope'" in missing.json()["detail"]
 
 
-def test_questions_keep_their_latency_while_a_500_document_job_runs(index):
+def test_questions_are_answered_while_a_500_document_job_runs(index):
+    """Every question asked while the job runs is answered, and the job is done whole. How long the answers take
+    meanwhile: benchmarks/job_latency.py."""
     index.ingest([Document(page_content=t) for t in TEXTS])
     documents = [f"Note {i}: the falcon number {i} hunts over river {i % 7}." for i in range(500)]
 
-    def ask(url: str, i: int) -> float:
+    def ask(url: str, i: int) -> str:
         body = json.dumps({"question": f"Which falcon {i}?", "k": 2, "max_new_tokens": 4, "stream": False})
         request = urllib.request.Request(f"{url}/ask", data=body.encode(), headers={"Content-Type": "application/json"})
-        start = time.perf_counter()
-        with urllib.request.urlopen(request, timeout=60) as response:
-            assert response.status == 200 and json.loads(response.read())["answer"] is not None
-        return time.perf_counter() - start
-
-    def p95(latencies: list[float]) -> float:
-        return statistics.quantiles(latencies, n=20)[-1]
+        with urllib.request.urlopen(request, timeout=120) as response:
+            assert response.status == 200
+            return json.loads(response.read())["answer"]
 
     # the index in memory: in a directory, this 2-core CPU's OpenMP threads make the ingest itself 4x slower
     with serving(create_app(index, None)) as url, ThreadPoolExecutor(4) as clients:
-        idle = list(clients.map(lambda i: ask(url, i), range(40)))
         submitted = urllib.request.Request(f"{url}/ingest/jobs", data=json.dumps({"documents": documents}).encode(),
                                            headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(submitted, timeout=60) as response:
@@ -343,42 +363,33 @@ def test_questions_keep_their_latency_while_a_500_document_job_runs(index):
             with urllib.request.urlopen(job_url, timeout=60) as response:
                 return json.loads(response.read())
 
-        def ask_while_ingesting(client: int) -> list[float]:  # 10 questions, unless the ingest ends first
-            latencies = []
-            while job()["status"] in ("queued", "running") and len(latencies) < 10:
-                latencies.append(ask(url, client * 1000 + len(latencies)))
-            return latencies
+        def ask_while_ingesting(client: int) -> list[str]:  # 10 questions, unless the ingest ends first
+            answers = []
+            while job()["status"] in ("queued", "running") and len(answers) < 10:
+                answers.append(ask(url, client * 1000 + len(answers)))
+            return answers
 
-        during = [t for latencies in clients.map(ask_while_ingesting, range(4)) for t in latencies]
-        progress = job()["done"]
-        start = time.perf_counter()
-        while job()["status"] in ("queued", "running"):
-            time.sleep(0.1)
-        assert job()["status"] == "done" and job()["done"] == 500 and len(during) >= 20  # every one answered
-    print(f"4 clients: idle p95 {p95(idle) * 1000:.0f} ms ({len(idle)} questions); during a 500-document ingest "
-          f"(at {progress} documents after them, done {time.perf_counter() - start:.1f} s later) p95 "
-          f"{p95(during) * 1000:.0f} ms ({len(during)} questions)")
-    assert p95(during) < 3 * p95(idle)
+        during = [a for answers in clients.map(ask_while_ingesting, range(4)) for a in answers]
+        eventually(lambda: job()["status"] not in ("queued", "running"), "the job ended", timeout_s=600)
+        assert (job()["status"], job()["done"], job()["added"]) == ("done", 500, 500)
+    assert len(during) >= 20 and all(answer is not None for answer in during)  # every one answered
 
 
 def test_a_client_that_disconnects_leaves_its_batch(index, slow_steps):
     index.ingest([Document(page_content=t) for t in TEXTS])
     long = {"question": "What does the falcon do?", "k": 1, "max_new_tokens": 400}  # seconds to decode whole
     with serving(create_app(index, None)) as url:
-        idle = first_line_then_leave(url, long)
-        for _ in range(20):  # the slot is free within 2 s
-            if pending(url) == 0:
-                break
-            time.sleep(0.1)
-        assert pending(url) == 0
-        after = first_line_then_leave(url, long)  # not queued behind the answer nobody reads
-        time.sleep(0.5)
-        assert pending(url) == 0
+        first_line_then_leave(url, long)
+        eventually(lambda: pending(url) == 0, "the first answer's slot freed")
+        first_line_then_leave(url, long)  # not queued behind the answer nobody reads
+        eventually(lambda: pending(url) == 0, "the second answer's slot freed")
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
             metrics = response.read().decode()
+        decoded = len(slow_steps)
+        time.sleep(0.5)
+        assert len(slow_steps) <= decoded + 1  # at most the step under way: nothing decodes them any more
     assert 'nugget_rag_cancelled_requests_total{reason="disconnect"} 2.0' in metrics
-    assert after < 2 * idle, (after, idle)
-    print(f"first line: idle {idle * 1000:.0f} ms, after a disconnect {after * 1000:.0f} ms")
+    assert len(slow_steps) < 400  # both answers together: fewer steps than one read whole
 
 
 @pytest.mark.parametrize("path", ["/ask", "/v1/chat/completions"])
@@ -390,16 +401,13 @@ def test_a_client_that_disconnects_before_a_whole_answer_leaves_its_batch(index,
         host, port = url.removeprefix("http://").split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
         connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        time.sleep(0.5)  # decoding
+        eventually(lambda: bool(slow_steps), "decoding started")
         assert pending(url) == 1
         connection.close()
-        for _ in range(20):
-            if pending(url) == 0:
-                break
-            time.sleep(0.1)
-        assert pending(url) == 0
+        eventually(lambda: pending(url) == 0, "the slot freed")
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
             metrics = response.read().decode()
+    assert len(slow_steps) < 400  # cut off: fewer steps than the whole answer
     assert 'nugget_rag_cancelled_requests_total{reason="disconnect"} 1.0' in metrics
     assert f'nugget_rag_requests_total{{path="{path}",status="499"}} 1.0' in metrics
 
@@ -410,14 +418,16 @@ def test_an_answer_past_its_deadline_is_cut_off_with_a_504(index, slow_steps):
     # 2 s: long enough for the first token on a slow machine (a deadline before it is a plain 504 response),
     # far short of the 8 s the answer takes whole
     with TestClient(create_app(index, None, request_timeout_s=2)) as client:
-        start = time.perf_counter()
         lines = [json.loads(line) for line in client.post("/ask", json=long).iter_lines() if line]
         assert "text" in lines[0], lines[0]  # the stream started, then was cut off
         assert lines[-1]["error"]["status"] == 504 and "--request-timeout" in lines[-1]["error"]["message"]
         whole = client.post("/ask", json={**long, "stream": False})
         assert whole.status_code == 504 and "2 s" in whole.json()["detail"]
-        assert time.perf_counter() - start < 9  # not the 2 x 8 s the answers take whole
+        decoded = len(slow_steps)
         assert client.get("/health").json()["pending"] == 0
+        time.sleep(0.5)
+        assert len(slow_steps) == decoded  # no step after the 504s
+        assert decoded < 400  # both answers together: fewer steps than one whole (20 ms a step: 100 in 2 s)
         assert 'nugget_rag_cancelled_requests_total{reason="deadline"} 2.0' in client.get("/metrics").text
 
 
@@ -561,25 +571,45 @@ PROBE_PASS_S = 0.5  # CPU each probe pass burns under `slow_probe`
 PASSAGES = [f"Passage {i}: the mill grinds {i} sacks." for i in range(64)]  # one chunk each: 4 probe passes at k=64
 
 
+class Steps(list):
+    """The times the steps of some work began; `stopped`: for each step that ended, whether its request was to stop
+    by then (its client gone, its deadline past)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: list[bool] = []
+
+    def slowed(self, real: Callable, cpu_s: float) -> Callable:
+        """`real`, recorded here as a step that first burns `cpu_s` of CPU (as much on a busy machine)."""
+
+        def slow(*args, **kwargs):
+            self.append(time.monotonic())
+            start = time.thread_time()
+            while time.thread_time() - start < cpu_s:
+                pass
+            out = real(*args, **kwargs)
+            stop = current_stop()
+            self.stopped.append(stop is not None and stop())
+            return out
+
+        return slow
+
+    def stopped_at_the_next_step(self) -> bool:
+        """Every step began ended, and none began after one that ended with its request to stop."""
+        return len(self.stopped) == len(self) and True not in self.stopped[:-1]
+
+
 @pytest.fixture
-def slow_probe(monkeypatch):
-    """Each pass of the probe (QueryLikelihood, 16 passages a pass) first burns PROBE_PASS_S of CPU: the times the
-    passes started."""
-    passes, real = [], QueryLikelihood._likelihood
-
-    def slow(*args):
-        passes.append(time.monotonic())
-        start = time.thread_time()
-        while time.thread_time() - start < PROBE_PASS_S:
-            pass
-        return real(*args)
-
-    monkeypatch.setattr(QueryLikelihood, "_likelihood", staticmethod(slow))
+def slow_probe(monkeypatch) -> Steps:
+    """Each pass of the probe (QueryLikelihood, 16 passages a pass) first burns PROBE_PASS_S of CPU."""
+    passes = Steps()
+    monkeypatch.setattr(QueryLikelihood, "_likelihood", staticmethod(passes.slowed(QueryLikelihood._likelihood,
+                                                                                  PROBE_PASS_S)))
     return passes
 
 
-def leave_when(url: str, path: str, body: dict, started: Callable[[], bool]) -> float:
-    """Send `body` to `path`, and disconnect once `started()` (and 0.2 s more): the time it left (monotonic)."""
+def leave_when(url: str, path: str, body: dict, started: Callable[[], bool]) -> None:
+    """Send `body` to `path`, and disconnect once `started()` (and 0.2 s more)."""
     host, port = url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
@@ -587,51 +617,41 @@ def leave_when(url: str, path: str, body: dict, started: Callable[[], bool]) -> 
         time.sleep(0.01)
     time.sleep(0.2)
     connection.close()
-    return time.monotonic()
 
 
 def test_a_client_that_leaves_during_the_probe_stops_it_and_the_cpu_falls_idle(index, slow_probe):
     index.ingest([Document(page_content=p) for p in PASSAGES])
     with serving(create_app(index, None)) as url:
         body = {"question": "How many sacks?", "k": 64, "max_new_tokens": 4, "stream": False}
-        left = leave_when(url, "/ask", body, lambda: bool(slow_probe))
-        time.sleep(left + 1 - time.monotonic())
+        leave_when(url, "/ask", body, lambda: bool(slow_probe))
+        eventually(lambda: pending(url) == 0, "the slot freed")
+        eventually(slow_probe.stopped_at_the_next_step, "the pass under way ended, and no other began")
         cpu = time.process_time()
         time.sleep(1)
-        busy = time.process_time() - cpu  # the server's process, every thread, 1 to 2 s after the client left
-        assert pending(url) == 0
-    after = [t for t in slow_probe if t > left]
-    print(f"probe passes after the client left: {len(after)} of 4; CPU 1-2 s after: {busy * 1000:.0f} ms")
-    assert len(after) <= 1 and len(slow_probe) < 4  # without cancellation: every pass, 1.5 s of CPU more
-    assert busy < 0.2
+        busy = time.process_time() - cpu  # the server's process, every thread, for 1 s once the probe stopped
+    assert len(slow_probe) < 4  # cut off: without cancellation, every pass
+    assert busy < 0.2  # idle: nothing computes for the answer nobody waits for
 
 
 def test_a_deadline_on_ask_stops_the_probe(index, slow_probe):
     index.ingest([Document(page_content=p) for p in PASSAGES])
     with TestClient(create_app(index, None, request_timeout_s=1.2)) as client:
-        start = time.monotonic()
         response = client.post("/ask", json={"question": "How many sacks?", "k": 64, "stream": False})
-        elapsed = time.monotonic() - start
+        answered, passes = time.monotonic(), len(slow_probe)
         assert response.status_code == 504 and "1.2 s limit (--request-timeout)" in response.json()["detail"]
+        # cut off (4 passes burn 2 s of CPU, past the 1.2 s deadline on any machine) at the first check after the
+        # deadline: no pass began once one ended past it, and none after the 504
+        assert 1 <= passes < 4 and slow_probe.stopped_at_the_next_step()
         time.sleep(PROBE_PASS_S + 0.2)
-        assert 1 <= len(slow_probe) < 4 and max(slow_probe) < start + elapsed  # none after the 504
-        assert elapsed < 1.2 + PROBE_PASS_S + 0.5  # the deadline, then at most the pass under way
+        assert len(slow_probe) == passes and max(slow_probe) < answered
         assert 'nugget_rag_cancelled_requests_total{reason="deadline"} 1.0' in client.get("/metrics").text
 
 
 @pytest.fixture
-def slow_compression(monkeypatch):
-    """Each batch the encoder compresses first burns 0.3 s of CPU: the times the batches started."""
-    batches, real = [], NuggetModel.compress
-
-    def slow(*args, **kwargs):
-        batches.append(time.monotonic())
-        start = time.thread_time()
-        while time.thread_time() - start < 0.3:
-            pass
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(NuggetModel, "compress", slow)
+def slow_compression(monkeypatch) -> Steps:
+    """Each batch the encoder compresses first burns 0.3 s of CPU."""
+    batches = Steps()
+    monkeypatch.setattr(NuggetModel, "compress", batches.slowed(NuggetModel.compress, 0.3))
     return batches
 
 
@@ -646,12 +666,12 @@ def assert_nothing_half_written(index, tmp_path) -> None:
 def test_ingest_and_compress_stop_when_their_client_leaves(index, tmp_path, slow_compression, path):
     documents = [f"Document {i} tells of the mill and its {i} sacks." for i in range(40)]  # 5 batches of 8
     with serving(create_app(index, tmp_path)) as url:
-        left = leave_when(url, path, {"documents": documents}, lambda: bool(slow_compression))
-        time.sleep(1)
-        assert pending(url) == 0
+        leave_when(url, path, {"documents": documents}, lambda: bool(slow_compression))
+        eventually(lambda: pending(url) == 0, "the slot freed")
+        eventually(slow_compression.stopped_at_the_next_step, "the batch under way ended, and no other began")
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
             metrics = response.read().decode()
-    assert len([t for t in slow_compression if t > left]) <= 1 and len(slow_compression) < 5
+    assert len(slow_compression) < 5  # cut off: without cancellation, every batch
     assert 'nugget_rag_cancelled_requests_total{reason="disconnect"} 1.0' in metrics
     assert_nothing_half_written(index, tmp_path)
 
@@ -662,8 +682,9 @@ def test_ingest_and_compress_stop_at_their_deadline(index, tmp_path, slow_compre
     with TestClient(create_app(index, tmp_path, request_timeout_s=0.5)) as client:
         response = client.post(path, json={"documents": documents})
         assert response.status_code == 504 and "--request-timeout" in response.json()["detail"]
-        time.sleep(0.5)
-        assert len(slow_compression) < 5 and client.get("/health").json()["pending"] == 0
+        # cut off (5 batches burn 1.5 s of CPU, past the 0.5 s deadline) at the first check after the deadline
+        assert len(slow_compression) < 5 and slow_compression.stopped_at_the_next_step()
+        assert client.get("/health").json()["pending"] == 0
     assert_nothing_half_written(index, tmp_path)
 
 
@@ -679,11 +700,10 @@ def test_ingest_jobs_live_in_the_store_and_outlive_their_server(index, tmp_path,
     with TestClient(create_app(index, tmp_path)) as first:
         done_id = first.post("/ingest/jobs", json={"documents": TEXTS}).json()["id"]
         assert wait_for_job(first, done_id)["status"] == "done"
-        embed = index.embeddings.embed_documents
-        monkeypatch.setattr(index.embeddings, "embed_documents", lambda texts: time.sleep(0.3) or embed(texts))
-        running = first.post("/ingest/jobs", json={"documents": [f"More {i} on rivers." for i in range(70)]}).json()
-        while first.get(f"/ingest/jobs/{running['id']}").json()["done"] == 0:  # its first step has landed
-            time.sleep(0.05)
+        more = [f"More {i} on rivers." for i in range(70)]
+        hold(index.embeddings, monkeypatch, more[32:])  # its second step ends when the server stops
+        running = first.post("/ingest/jobs", json={"documents": more}).json()
+        eventually(lambda: first.get(f"/ingest/jobs/{running['id']}").json()["done"] > 0, "the first step landed")
         with TestClient(create_app(index, tmp_path)) as second:  # another server over the same store
             seen = second.get(f"/ingest/jobs/{running['id']}").json()
             assert seen["status"] == "running" and seen["done"] >= 32 and seen["server"] == running["server"]
@@ -703,3 +723,50 @@ def test_ingest_jobs_live_in_the_store_and_outlive_their_server(index, tmp_path,
     assert sorted(p.name for p in (tmp_path / "nuggets" / "jobs").iterdir()) == sorted(
         f"{i}.json" for i in (done_id, running["id"], alive))
     assert all(len(key) == 64 for key in store.byte_store.yield_keys())  # the records are no nugget keys
+
+
+STOPPED_MID_JOB = """
+import sys, threading, time
+import torch
+sys.path.insert(0, sys.argv[1])
+from fastapi.testclient import TestClient
+from test_integrations import HashEmbeddings
+from tiny import tiny_base
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
+from nugget_rag.integrations import NuggetIndex
+from nugget_rag.server import create_app
+
+real, steps = NuggetModel.compress, []
+
+
+def busy(*args, **kwargs):  # each batch first computes in torch for 0.5 s
+    steps.append(time.monotonic())
+    x, start = torch.randn(128, 128), time.monotonic()
+    while time.monotonic() - start < 0.5:
+        torch.mm(x, x)
+    return real(*args, **kwargs)
+
+
+NuggetModel.compress = busy
+model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+index = NuggetIndex(NuggetCompressor(model=model, store=NuggetStore()), HashEmbeddings(), chunk_overlap=0)
+with TestClient(create_app(index, None)) as client:
+    client.post("/ingest/jobs", json={"documents": [f"Note {i} on the mill." for i in range(200)]})
+    while not steps:
+        time.sleep(0.01)
+alive = [t.name for t in threading.enumerate() if t.name.startswith("ingest-jobs")]
+print("job threads after the server stopped:", alive)
+"""
+
+
+def test_a_server_stopped_mid_job_waits_for_its_step_and_the_process_exits_cleanly(tmp_path):
+    """A job's thread still computing in torch while Python exits aborts the process (exit status 134, "terminate
+    called without an active exception"): a stopping server waits for its job's step under way."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run = subprocess.run([sys.executable, "-c", STOPPED_MID_JOB, str(Path(__file__).parent)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "job threads after the server stopped: []" in run.stdout, run.stdout
