@@ -38,6 +38,7 @@ class CaptureNuggets:
     keys: dict[int, torch.Tensor] = field(default_factory=dict)
     values: dict[int, torch.Tensor] = field(default_factory=dict)
     mask: torch.Tensor | None = None
+    inline: bool = False  # traced into the caller's torch.compile graph (nugget_attention), not left out of it
 
     def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor, query_len: int):
         index = self.positions[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[3])
@@ -65,6 +66,8 @@ class ReadNuggets:
     `query_len` of those tokens are the ones being run. The mask is built here, once, outside any
     gradient-checkpointed layer, so that a replay sees exactly the same graph.
     """
+
+    inline = False  # traced into the caller's torch.compile graph (nugget_attention), not left out of it
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, nugget_bias: torch.Tensor,
                  token_mask: torch.Tensor, query_len: int):
@@ -202,17 +205,21 @@ def nugget_attention(
     if nuggets is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    return _attend_nuggets(nuggets, module.layer_idx, query, key, value, scaling, dropout)
+    attend = _attend_nuggets if nuggets.inline else _attend_nuggets_left_out
+    return attend(nuggets, module.layer_idx, query, key, value, scaling, dropout)
 
 
-# Left out of torch.compile (NuggetModel.compile_layers): the nugget objects it records into and each layer's index
-# would make every layer its own compiled variant. A plain pass (decoding over a static cache) compiles whole.
-@torch.compiler.disable
 def _attend_nuggets(nuggets: CaptureNuggets | ReadNuggets, layer: int, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, scaling: float | None, dropout: float) -> tuple[torch.Tensor, None]:
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     out = nuggets.attend(layer, query, key, value, scale, dropout)
     return out.transpose(1, 2).contiguous(), None
+
+
+# Left out of torch.compile unless the nugget object is `inline` (the compiled training step traces everything in one
+# graph): under per-layer compilation (NuggetModel.compile_layers) the nugget objects it records into and each layer's
+# index would make every layer its own compiled variant. A plain pass (decoding over a static cache) compiles whole.
+_attend_nuggets_left_out = torch.compiler.disable(_attend_nuggets)
 
 
 def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float,

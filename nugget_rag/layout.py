@@ -206,6 +206,49 @@ def compose(samples: Sequence[Sequence[NuggetState]], empty: torch.Tensor, inv_f
     )
 
 
+def compose_fixed(keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, chosen: torch.Tensor,
+                  positions: torch.Tensor, lengths: torch.Tensor, examples: int, opening: int, head: int,
+                  inv_freq: torch.Tensor,
+                  nugget_positions: str = "renumbered", rows: PrefixRows | None = None) -> NuggetLayout:
+    """`compose` in fixed shapes, for a batch whose states were never NuggetStates (the compiled training step).
+
+    keys, values: [layers, `examples` * documents, kv_heads, budget, head_dim], captured in the encoder's pass at
+    positions `opening` + `positions` ([examples * documents, budget]); `chosen` marks the real slots (the rest are
+    padding), `scores` their Scorer scores, `lengths` each document's tokens (0: absent). Each example reads a head of
+    `head` placeholder slots (its prompt prefix, filled by `rows` in the pass), then its documents' slots in order:
+    every chosen nugget at the position `compose` gives it, so the decoder reads exactly what it would read there.
+    """
+    documents = scores.shape[0] // examples
+    budget = scores.shape[1]
+    slots = torch.arange(budget, device=scores.device)
+    if nugget_positions == "renumbered":
+        counts = chosen.sum(1).view(examples, documents)
+        before = (counts.cumsum(1) - counts).reshape(-1, 1)  # nuggets of the example's earlier documents
+        target, taken = head + before + slots, counts.sum(1)
+    elif nugget_positions == "original":
+        spans = lengths.view(examples, documents)
+        before = (spans.cumsum(1) - spans).reshape(-1, 1)  # tokens of the example's earlier documents
+        target, taken = head + before + positions, spans.sum(1)
+    else:
+        raise ValueError(f"nugget_positions must be 'renumbered' or 'original', got {nugget_positions!r}")
+    shift = torch.where(chosen, target - opening - positions, 0)
+    keys = torch.where(chosen[None, :, None, :, None], rotate_keys(keys, shift[:, None, :], inv_freq), 0)
+    values = torch.where(chosen[None, :, None, :, None], values, 0)
+
+    def per_example(states: torch.Tensor) -> torch.Tensor:  # head placeholders, then the documents' slots in order
+        layers, _, kv_heads, _, head_dim = states.shape
+        states = states.view(layers, examples, documents, kv_heads, budget, head_dim).transpose(2, 3)
+        states = states.reshape(layers, examples, kv_heads, documents * budget, head_dim)
+        return F.pad(states, (0, 0, head, 0))
+
+    scores = scores.float()
+    bias = torch.where(chosen, scores - scores.detach(), float("-inf")).view(examples, documents * budget)
+    return NuggetLayout(
+        keys=per_example(keys), values=per_example(values), bias=F.pad(bias, (head, 0)),
+        counts=head + chosen.view(examples, -1).sum(1), next_positions=head + taken, rows=rows,
+    )
+
+
 def decoder_positions(next_positions: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
     """Positions of the decoder's tokens (left or right padded): from each sample's `NuggetLayout.next_positions`."""
     return (next_positions[:, None] + token_mask.long().cumsum(1) - 1).clamp(min=0)

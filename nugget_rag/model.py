@@ -194,14 +194,31 @@ class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
               mask: torch.Tensor | None = None) -> torch.Tensor:
         """Scorer over the hidden states after `scorer_layer` layers of the frozen model (adapters off); causal, or
         at positions `steps` under a boolean `mask` ([batch, 1, tokens, tokens]: packed rows, packing.py)."""
-        inner = self.llama.model
+        with self.lock:
+            return self.score_unlocked(input_ids, steps, mask)
+
+    def score_unlocked(self, input_ids: torch.Tensor, steps: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`score` for a caller that holds `lock` (the compiled training step, which traces it)."""
         steps = torch.arange(input_ids.shape[1], device=input_ids.device)[None] if steps is None else steps
-        with self.lock, self.use_adapter(None), torch.no_grad():
-            hidden = inner.embed_tokens(input_ids)
-            rotary = inner.rotary_emb(hidden, position_ids=steps)
-            for layer in inner.layers[: self.config.scorer_layer]:
-                hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=steps)
+        with torch.no_grad():
+            hidden = self.llama.model.embed_tokens(input_ids)
+            hidden = self.stack_unlocked(None, hidden, steps, mask=mask, layers=self.config.scorer_layer, norm=False)
         return self.scorer(hidden)
+
+    def stack_unlocked(self, adapter: str | None, hidden: torch.Tensor, steps: torch.Tensor,
+                       nuggets: CaptureNuggets | ReadNuggets | None = None, mask: torch.Tensor | None = None,
+                       layers: int | None = None, norm: bool = True) -> torch.Tensor:
+        """The first `layers` (default all) decoder layers of the base model over input embeddings `hidden` at
+        positions `steps`, with `adapter` active, then the final norm; for a caller that holds `lock`. Tensors in,
+        tensors out, no mask built: what the compiled training step traces (`run` is the general pass)."""
+        inner = self.llama.model
+        with self.use_adapter(adapter):
+            rotary = inner.rotary_emb(hidden, position_ids=steps)
+            for layer in inner.layers[:layers]:
+                hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=steps,
+                               nuggets=nuggets)
+            return inner.norm(hidden) if norm else hidden
 
     def compress(self, token_ids: Sequence[Sequence[int]], ratio: float | None = None, adapter: str | None = ENCODER,
                  segment_tokens: int | None = None, ranked: bool = False, packed: bool = False,

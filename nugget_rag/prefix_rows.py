@@ -78,6 +78,8 @@ class ReadWithPrefixRows:
     causally to themselves alone; in every layer their keys and values fill the samples' head slots, which the
     samples' tokens then read through `inner` as they read any nugget."""
 
+    inline = False  # traced into the caller's torch.compile graph (attention.nugget_attention)
+
     def __init__(self, inner: ReadNuggets, rows: PrefixRows):
         self.inner, self.rows = inner, rows
         self.samples = len(rows.owners)

@@ -38,3 +38,21 @@ def select_nuggets(scores: torch.Tensor, lengths: list[int], ratio: float) -> li
     Returns one ascending LongTensor of positions per row (the original order is kept).
     """
     return [ranked.sort().values for ranked in rank_nuggets(scores, lengths, ratio)]
+
+
+def select_fixed(scores: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
+                 budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`select_nuggets` in fixed shapes, without leaving the device (the compiled training step).
+
+    scores: [rows, width]; lengths: [rows] tokens of each row (0: an absent document); counts: [rows] its k (at most
+    `budget`). Returns positions [rows, budget], each row's k chosen ones ascending in its first k slots and the
+    row's last token in the rest, and which slots are chosen (True) or padding.
+    """
+    columns = torch.arange(scores.shape[1], device=scores.device)
+    last = (lengths - 1).clamp(min=0)[:, None]
+    ranked = scores.detach().float().masked_fill(columns >= last, float("-inf")).masked_fill(columns == last, float("inf"))
+    order = ranked.sort(dim=1, descending=True, stable=True).indices[:, :budget]  # the last token, then by score
+    slots = torch.arange(budget, device=scores.device)
+    chosen = slots < counts[:, None]
+    in_order = torch.where(chosen, order, scores.shape[1] + slots).sort(dim=1).values  # chosen ones first, ascending
+    return torch.where(chosen, in_order, last), chosen

@@ -153,11 +153,20 @@ class TrainConfig(BaseModel):
         "auto", description="auto: bf16 on GPU, else no. bf16 also speeds up CPUs with native bf16 (AVX512-BF16, AMX)."
     )
     gradient_checkpointing: bool = False
-    compile: bool = Field(
-        False, description="torch.compile each layer of the base model (dynamic shapes; attention stays eager): fuses "
-                           "the element-wise operations of the norms, rotary embeddings, LoRA and MLP, for GPUs; the "
-                           "first steps pay the compilation. No faster on a CPU (BENCHMARKS.md).",
+    compile: Literal["off", "layers", "step"] = Field(
+        "off", description="layers: torch.compile each layer of the base model (dynamic shapes; attention stays eager), "
+                           "which fuses the element-wise operations of the norms, rotary embeddings, LoRA and MLP. "
+                           "step: the whole step of objectives with fixed widths (autoencoding, continuation) in one "
+                           "graph per (source, ratio, batch size), and the optimiser's update (compiled_step.py): "
+                           "for GPUs, where the step is bound by Python launching kernels. The first steps of each "
+                           "pay the compilation; no faster on a CPU (BENCHMARKS.md). true means layers.",
     )
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_flag(cls, value):
+        return {True: "layers", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
     attention: Literal["auto", "fused", "reference"] = Field(
         "auto", description="How the decoder attends to nuggets in training: fused (the Eq. 18 bias in an extra "
                             "query/key channel, no float mask, so SDPA's fused kernels run), reference (under a float "

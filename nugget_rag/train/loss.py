@@ -12,6 +12,7 @@ from torch import nn
 from ..autoregressive import NuggetStream
 from ..config import DECODER, ENCODER, StreamSettings
 from ..model import NuggetModel
+from .compiled_step import CompiledStep
 from .config import Distillation
 from .data import Batch
 from .distill import Teacher, kl_loss
@@ -82,9 +83,10 @@ class ObjectiveLoss(nn.Module):
 
     def __init__(self, model: NuggetModel, sources: list[Source], distill: Distillation | None = None,
                  teacher: Teacher | None = None, stream: StreamSettings | None = None, train_encoder: bool = True,
-                 packing: bool = False):
+                 packing: bool = False, compiled: CompiledStep | None = None):
         super().__init__()
         self.model = model
+        self.compiled = compiled
         self.train_encoder, self.packing = train_encoder, packing
         self.sources = sources
         self.stream = stream or StreamSettings()
@@ -103,6 +105,12 @@ class ObjectiveLoss(nn.Module):
         self.model.set_trainable(**parts | {"encoder": parts["encoder"] and self.train_encoder})
         objective = OBJECTIVES[source.objective]
         self.flops = None
+        if (self.compiled is not None and self.distill is None and torch.is_grad_enabled()
+                and self.compiled.fits(batch)):
+            ce, nuggets = self.compiled.loss(batch)
+            self.flops = self._step_flops(batch, source, nuggets, batch.targets)
+            self.terms = {"ce": float(ce.detach())}
+            return ce
         if objective.autoregressive:
             batch, target_logits, targets = stream_batch(self.model, batch, self.stream)
             compared = batch
@@ -120,7 +128,7 @@ class ObjectiveLoss(nn.Module):
                 logit_labels=None if compared is batch else compared.labels,
             )
             ce, target_logits = out.loss, out.target_logits
-            self.flops = self._step_flops(batch, source, states, len(target_logits))
+            self.flops = self._step_flops(batch, source, [sum(s.k for s in row) for row in states], len(target_logits))
         if self.distill is None or source.full_context:
             self.terms = {"ce": float(ce.detach())}
             return ce
@@ -130,16 +138,16 @@ class ObjectiveLoss(nn.Module):
         self.terms = {"ce": float(ce.detach()), "kl": float(kl.detach())}
         return (1 - self.distill.weight) * ce + self.distill.weight * kl
 
-    def _step_flops(self, batch: Batch, source: Source, states: list[list], targets: int) -> float:
+    def _step_flops(self, batch: Batch, source: Source, nuggets: list[int], targets: int) -> float:
         """The Scorer's and the encoder's passes over the documents, and the decoder's over its input (each distinct
-        prompt prefix once: a row of the decoder's pass that the samples' tokens read, as they read the nuggets)."""
+        prompt prefix once: a row of the decoder's pass that the samples' tokens read, as they read the nuggets);
+        `nuggets`: each example's count."""
         counter, parts = self.counter, parts_of(source)
         opening = len(self.model.document_opening)
         documents = [(opening + len(doc), 0) for docs in ([] if source.full_context else batch.documents) for doc in docs]
         encoder = counter.trained(documents) if parts.encoder else counter.forward(documents)
         scorer = counter.forward(documents, layers=self.model.config.scorer_layer)
         soft = self.model.soft_prompt.shape[0] if OBJECTIVES[source.objective].soft_prompt else 0
-        decoder = [(soft + int(n), len(prefix) + sum(s.k for s in row))
-                   for prefix, n, row in zip(batch.prefixes, batch.token_mask.sum(1), states)]
+        decoder = [(soft + int(n), len(prefix) + k) for prefix, n, k in zip(batch.prefixes, batch.token_mask.sum(1), nuggets)]
         decoder += [(len(prefix), 0) for prefix in dict.fromkeys(map(tuple, batch.prefixes)) if prefix]
         return scorer + encoder + counter.trained(decoder, targets=targets)

@@ -71,6 +71,12 @@ class Objective:
     def build(self, builder: Builder, row: dict, rows: list[dict], rng: random.Random) -> list[dict]:
         raise NotImplementedError
 
+    def fixed_widths(self, source: Source, lengths: Lengths, eos: int) -> tuple[int, int, int] | None:
+        """(documents per example, tokens per document, decoder tokens) that bound every example `build` makes (`eos`:
+        the end-of-sequence tokens' count): the fixed shapes of the compiled training step (compiled_step.py).
+        None: not bounded, so its micro-batches run eager."""
+        return None
+
     def score(self, outputs: list[str], references: list[list[str]]) -> dict[str, float]:
         """Metrics of generated `outputs` against each example's references."""
         return {}
@@ -126,6 +132,9 @@ class Autoencoding(Objective):
         # the target ends with EOS: a reconstruction must learn to stop where the passage does
         return [example([c], c + builder.eos, 0, [builder.tok.decode(c)], builder.opening) for c in chunks]
 
+    def fixed_widths(self, source, lengths, eos):
+        return 1, lengths.autoencoding, lengths.autoencoding + eos
+
     def score(self, outputs, references):
         return {"bleu": round(bleu(outputs, [r[0] for r in references]), 2)}
 
@@ -156,6 +165,10 @@ class Continuation(Objective):
             examples.append(example(cut(d, builder.source.documents_per_example), q + a, len(q),
                                     [builder.tok.decode(a)], builder.opening))
         return examples or [skip("too short")]
+
+    def fixed_widths(self, source, lengths, eos):
+        pieces = source.documents_per_example
+        return pieces, math.ceil(lengths.document / pieces), lengths.query + lengths.answer
 
 
 @register("language_modeling")

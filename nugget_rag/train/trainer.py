@@ -28,6 +28,7 @@ from ..files import write_atomic
 from ..generation import GenerationSettings, generate
 from ..model import NuggetModel
 from . import checkpoint, lineage
+from .compiled_step import CompiledStep, tensor_learning_rates
 from .config import TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
 from .distill import Teacher
@@ -142,17 +143,24 @@ class Trainer:
         self.updates = config.max_steps - self.offset  # this run's
         if config.gradient_checkpointing:
             model.enable_gradient_checkpointing()
-        if config.compile:
+        if config.compile == "layers":
             model.compile_layers()
         model.attention = config.attention
         self.model = model
+        self.compiled = None
+        if config.compile == "step":
+            if self.accelerator.mixed_precision == "fp16":
+                raise ValueError("compile: step updates without fp16's gradient scaler; use mixed_precision bf16 or no")
+            fused = config.attention == "fused" or (config.attention == "auto" and self.accelerator.device.type == "cuda")
+            self.compiled = CompiledStep(model, config.data, config.lengths, fused)
         self.teacher = self._teacher() if config.distill.weight > 0 else None
         self.names = source_names(config.data)
         self.mixture, self.dev = self._data()
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.objective = ObjectiveLoss(model, config.data, config.distill, self.teacher, config.stream,
-                                       train_encoder=config.optim.encoder_lr != 0, packing=config.packing)
+                                       train_encoder=config.optim.encoder_lr != 0, packing=config.packing,
+                                       compiled=self.compiled)
         self.loss, self.optimizer = self.accelerator.prepare(self.objective, self.optimizer)
         self.step = 0
         self.tokens_before: int | None = 0  # tokens the run had read when its checkpoint was saved (None: unknown)
@@ -244,7 +252,10 @@ class Trainer:
         ]
         if opt.encoder_lr:
             groups.append({"params": list(model.adapter_parameters(ENCODER)), "lr": opt.encoder_lr})
-        return torch.optim.AdamW(groups, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
+        optimizer = torch.optim.AdamW(groups, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
+        if self.compiled is not None:
+            tensor_learning_rates(optimizer)
+        return optimizer
 
     def _ratio(self) -> float | None:
         """The next micro-batch's compression ratio under the curriculum (None without one: the model's)."""
@@ -329,10 +340,13 @@ class Trainer:
             for batch, (loss, terms, flops) in zip(batches, self._backward(batches)):
                 window.add(self.names[batch.source], loss, batch, terms, flops)
                 self.tokens += batch.tokens
-            if cfg.optim.max_grad_norm:
-                acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
+            if self.compiled is not None:
+                self.compiled.update(self.optimizer.optimizer, self.scheduler, cfg.optim.max_grad_norm)
+            else:
+                if cfg.optim.max_grad_norm:
+                    acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+                self.optimizer.step()
+                self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             if self.step == first:  # this call's setup: loading, tokenising, compiling, the first update
@@ -341,8 +355,11 @@ class Trainer:
             window.seconds += time.monotonic() - tick
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == self.updates:
-                line = {"kind": "train", "step": self.step, "lr": self.scheduler.get_last_lr()[0], **window.flush(),
+                line = {"kind": "train", "step": self.step, "lr": float(self.scheduler.get_last_lr()[0]), **window.flush(),
                         "passes": self.passes, "elapsed_s": round(time.monotonic() - start, 1)}
+                if self.compiled is not None:  # graphs compiled so far: at most one a bucket, and the update's two
+                    line |= {"buckets": len(self.compiled.buckets), "loss_graphs": self.compiled.graphs["loss"],
+                             "update_graphs": self.compiled.graphs["update"]}
                 losses.append(line)
                 self._metric(line)
                 bar.set_postfix({k[5:]: f"{v:.3f}" for k, v in line.items() if k.startswith("loss/")})
@@ -412,6 +429,8 @@ class Trainer:
             return
         self.model.load_parts(found)
         meta = checkpoint.load(found, self.optimizer, self.scheduler)
+        if self.compiled is not None:
+            tensor_learning_rates(self.optimizer)
         self.mixture.load_state_dict(meta["data"])
         if meta.get("scaler") and self.accelerator.scaler is not None:
             self.accelerator.scaler.load_state_dict(meta["scaler"])
