@@ -134,11 +134,13 @@ class BiasChannelNuggets(ReadNuggets):
     PADDING_BIAS = -30_000.0  # softmax weight 0 in float32 and bfloat16, and within float16's range
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, nugget_bias: torch.Tensor,
-                 token_mask: torch.Tensor, query_len: int):
-        if not self.fits(token_mask, query_len):
+                 token_mask: torch.Tensor, query_len: int, checked: bool = True):
+        """`checked=False` skips the checks that read tensors back from the device (the compiled step, whose
+        tokens are right-padded by construction)."""
+        if checked and not self.fits(token_mask, query_len):
             raise ValueError("BiasChannelNuggets needs right-padded tokens run in one pass; use ReadNuggets")
         padding = torch.isneginf(nugget_bias)
-        if not torch.isfinite(nugget_bias[~padding]).all():
+        if checked and not torch.isfinite(nugget_bias[~padding]).all():
             raise ValueError("a nugget's attention bias is not finite (NaN or inf): the Scorer's scores are; check "
                              "the Scorer's weights and inputs")
         self.keys, self.values = keys, values

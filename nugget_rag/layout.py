@@ -141,13 +141,17 @@ class NuggetLayout:
     next_positions: torch.Tensor  # [batch]: the position of each sample's first token after its states
     rows: PrefixRows | None = None  # prompt prefixes that run as rows of the reading pass (their heads: placeholders)
 
-    def reader(self, token_mask: torch.Tensor, query_len: int,
-               fused: bool = False) -> ReadNuggets | ReadWithPrefixRows:
+    def reader(self, token_mask: torch.Tensor, query_len: int, fused: bool = False,
+               right_padded: bool | None = None) -> ReadNuggets | ReadWithPrefixRows:
         """What the decoder's `query_len` last tokens of `token_mask` attend to the nuggets through: without a float
         mask when `fused` and the tokens allow it (`BiasChannelNuggets.fits`), else under one; with `rows`, inside
-        a reader that runs them (`inputs` puts them in the pass)."""
-        fits = fused and BiasChannelNuggets.fits(token_mask, query_len)
-        inner = (BiasChannelNuggets if fits else ReadNuggets)(self.keys, self.values, self.bias, token_mask, query_len)
+        a reader that runs them (`inputs` puts them in the pass). `right_padded=True`: the caller's tokens are
+        right-padded and all run now by construction (the compiled step), so nothing is read back from the device."""
+        if fused and (BiasChannelNuggets.fits(token_mask, query_len) if right_padded is None else right_padded):
+            inner = BiasChannelNuggets(self.keys, self.values, self.bias, token_mask, query_len,
+                                       checked=right_padded is None)
+        else:
+            inner = ReadNuggets(self.keys, self.values, self.bias, token_mask, query_len)
         return inner if self.rows is None else ReadWithPrefixRows(inner, self.rows)
 
     def inputs(self, embeds: torch.Tensor, token_mask: torch.Tensor,

@@ -38,17 +38,19 @@ def test_fixed_selection_keeps_what_select_nuggets_keeps(lengths, ratio):
         assert (positions[row, len(expected) :] == n - 1).all()  # padding slots point at a real token
 
 
-@pytest.mark.parametrize("nugget_positions", ["renumbered", "original"])
-@pytest.mark.parametrize("name", ["autoencoding", "continuation"])
-def test_compiled_step_equals_eager_step(name, nugget_positions, data, tmp_path):
+@pytest.mark.parametrize(("name", "nugget_positions", "attention"), [
+    ("autoencoding", "renumbered", "reference"), ("autoencoding", "original", "fused"),
+    ("continuation", "renumbered", "fused"), ("continuation", "original", "reference")])
+def test_compiled_step_equals_eager_step(name, nugget_positions, attention, data, tmp_path):
     """The same loss and gradients as ObjectiveLoss's eager step, through one graph with no graph break (fullgraph:
-    a break raises), at two ratios: one graph each, and none again for a second batch at a ratio already seen."""
+    a break raises), at two ratios: one graph each, and none again for a second batch at a ratio already seen.
+    Both decoder readers: under a float mask (reference) and with the bias in a channel (fused, CUDA's default)."""
     sources = [source(name, data) | ({"documents_per_example": 2} if name == "continuation" else {})]
     nugget = {**NUGGET, "nugget_positions": nugget_positions}
     cfg = config(tmp_path, sources, batch_size=3, nugget=nugget)
-    run = Trainer(cfg, NuggetModel(tiny_base(), NuggetConfig(**nugget)))
+    run = Trainer(cfg.model_copy(update={"attention": attention}), NuggetModel(tiny_base(), NuggetConfig(**nugget)))
     run.model.train()
-    step = CompiledStep(run.model, cfg.data, cfg.lengths, backend="aot_eager")
+    step = CompiledStep(run.model, cfg.data, cfg.lengths, fused=attention == "fused", backend="aot_eager")
     torch._dynamo.utils.counters.clear()
     for ratio in (2.0, 4.0, 4.0):
         batch = run.mixture.next_batch()

@@ -176,7 +176,7 @@ def fixed_loss(model: NuggetModel, batch: FixedBatch, bucket: Bucket, fused: boo
     embeds, mask = model.embed(batch.input_ids, batch.token_mask, bucket.soft_prompt)
     width = embeds.shape[1]
     embeds, mask, steps = layout.inputs(embeds, mask, embedding)
-    reader = layout.reader(mask, embeds.shape[1], fused)
+    reader = layout.reader(mask, embeds.shape[1], fused, right_padded=True)
     reader.inline = True
     hidden = model.stack_unlocked(DECODER, embeds, steps, reader)[: bucket.examples, :width]
     # hidden at position i predicts the token at i + 1; with a soft prompt its last vector predicts token 0
