@@ -3,7 +3,7 @@
     python benchmarks/training_throughput.py --batch-size 128 --steps 0          # padding only (data, no training)
     python benchmarks/training_throughput.py --batch-size 4 --steps 6 --threads 2 # and a few timed steps
     python benchmarks/training_throughput.py --batch-size 128 --steps 20          # on a GPU
-    python benchmarks/training_throughput.py --batch-size 64 --steps 20 --group 16 --compile both  # torch.compile
+    python benchmarks/training_throughput.py --batch-size 64 --steps 20 --group 16 --compile off step  # torch.compile
     python benchmarks/training_throughput.py --batch-size 64 --steps 20 --group 16 --attention reference fused
     python benchmarks/training_throughput.py --config configs/pretrain.yaml --records 400 --batch-size 16 --steps 8
 
@@ -15,8 +15,8 @@ there); each arm's setup (loading, tokenising) and warm-up seconds are reported 
 source reads at its first N records (of its training split) before tokenising, `--data PATH` moves every source onto
 one file (as the CPU dry run does), and `--ready-dir DIR` reads the recipe's sources as ready sets (TrainConfig.ready_dir:
 no tokenising; a GPU call's READY).
-`--compile both` runs each arm eager and with `compile` (torch.compile per layer), `--packing both` padded and
-packed; `--attention reference fused` runs
+`--compile off layers step` runs each arm eager, with each layer compiled and with the whole step compiled
+(TrainConfig.compile), `--packing both` padded and packed; `--attention reference fused` runs
 each with the decoder's float-mask attention and with the fused one (TrainConfig.attention). Writes
 benchmarks/results/<name>.{md,json}, again after each arm (a time limit that stops a later arm leaves the earlier ones).
 """
@@ -61,14 +61,15 @@ def sources(recipe: dict, data: Path | None, records: int | None, out: Path) -> 
     return moved
 
 
-def arm_config(recipe: dict, args, group: int, compiled: bool, attention: str, packing: bool, out: Path) -> TrainConfig:
+def arm_config(recipe: dict, args, group: int, compiled: str, attention: str, packing: bool, out: Path) -> TrainConfig:
     return TrainConfig.model_validate(recipe | {
-        "output_dir": str(out / f"group{group}-compile{int(compiled)}-{attention}-packing{int(packing)}"),
+        "output_dir": str(out / f"group{group}-compile-{compiled}-{attention}-packing{int(packing)}"),
         "batch_size": args.batch_size, "grad_accum": 1,
         "group_by_length": group, "max_steps": max(args.steps, 1), "scorer_warm_start": {"steps": 0},
         "eval_every": 0, "eval_generate": 0, "save_every": 10**6,
         "log_every": max(args.steps // 2, 1), "threads": args.threads, "peak_tflops": args.peak_tflops,
-        "compile": compiled, "attention": attention, "packing": packing,
+        "compile": compiled, "compile_backend": args.compile_backend, "compile_mode": args.compile_mode,
+        "attention": attention, "packing": packing,
         "ready_dir": str(args.ready_dir) if args.ready_dir else None,
         # the speed does not depend on the weights: from the shipped checkpoint (none where the recipe starts fresh),
         # never a chain's export, which a GPU machine lacks
@@ -76,7 +77,7 @@ def arm_config(recipe: dict, args, group: int, compiled: bool, attention: str, p
     })
 
 
-def measure(recipe: dict, args, group: int, compiled: bool, attention: str, packing: bool, out: Path) -> dict:
+def measure(recipe: dict, args, group: int, compiled: str, attention: str, packing: bool, out: Path) -> dict:
     """One arm's padding and, with --steps, its speed; its setup, warm-up and measured seconds printed apart."""
     start = time.perf_counter()
     trainer = Trainer(arm_config(recipe, args, group, compiled, attention, packing, out))
@@ -116,7 +117,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="timed training steps per arm (0: padding only)")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--peak-tflops", type=float)
-    parser.add_argument("--compile", choices=["off", "on", "both"], default="off", help="torch.compile arms")
+    parser.add_argument("--compile", nargs="+", choices=["off", "layers", "step"], default=["off"],
+                        help="torch.compile arms, one each (TrainConfig.compile)")
+    parser.add_argument("--compile-backend", default="inductor", help="TrainConfig.compile_backend (aot_eager: a "
+                                                                      "CPU rehearsal)")
+    parser.add_argument("--compile-mode", default="default", help="TrainConfig.compile_mode")
     parser.add_argument("--packing", choices=["off", "on", "both"], default="off",
                         help="arms with the documents packed into the encoder's rows (TrainConfig.packing)")
     parser.add_argument("--attention", nargs="+", choices=["auto", "reference", "fused"], default=["auto"],
@@ -137,7 +142,7 @@ def main() -> None:
         if not args.ready_dir:
             recipe["data"] = sources(recipe, args.data, args.records, Path(tmp))
         for group in args.group:
-            for compiled in arms[args.compile]:
+            for compiled in args.compile:
                 for attention in args.attention:
                     for packing in arms[args.packing]:
                         rows.append(measure(recipe, args, group, compiled, attention, packing, Path(tmp)))
@@ -155,7 +160,7 @@ def report(rows: list[dict], args) -> None:
     for row in rows:
         speed = row.get("tokens_per_s")
         ratio = f"{speed / base['tokens_per_s']:.2f}x" if speed and base.get("tokens_per_s") else "-"
-        lines.append(f"| {row['group_by_length'] or 'off'} | {'on' if row['compile'] else 'off'} | {row['attention']} | "
+        lines.append(f"| {row['group_by_length'] or 'off'} | {row['compile']} | {row['attention']} | "
                      f"{'on' if row['packing'] else 'off'} | {row['padding']:.1%} | {row.get('updates_per_s') or '-'} | "
                      f"{speed or '-'} | {row.get('model_tflops_per_s') or '-'} | {row.get('mfu') or '-'} | {ratio} | "
                      f"{row['setup_s']} | {row.get('warmup_s', '-')} |")

@@ -3,7 +3,6 @@ graph without a break per bucket, and the optimiser's update compiled beside it.
 "aot_eager" backend here (dynamo's tracing and AOTAutograd's joint graph, without inductor's code generation, which
 takes minutes on a CPU): a graph break or a recompilation shows there as it would under inductor."""
 
-import functools
 import warnings
 
 import pytest
@@ -14,14 +13,9 @@ from tiny import tiny_base
 from nugget_rag.config import NuggetConfig, nugget_count
 from nugget_rag.model import NuggetModel
 from nugget_rag.scorer import select_fixed, select_nuggets
-from nugget_rag.train import compiled_step, trainer
+from nugget_rag.train import compiled_step
 from nugget_rag.train.compiled_step import CompiledStep
 from nugget_rag.train.trainer import Trainer
-
-
-@pytest.fixture
-def aot_eager(monkeypatch):
-    monkeypatch.setattr(trainer, "CompiledStep", functools.partial(CompiledStep, backend="aot_eager"))
 
 
 @pytest.mark.parametrize("lengths", [[5, 17, 1, 12], [30, 30, 2, 9]])
@@ -43,14 +37,14 @@ def test_fixed_selection_keeps_what_select_nuggets_keeps(lengths, ratio):
     ("continuation", "renumbered", "fused"), ("continuation", "original", "reference")])
 def test_compiled_step_equals_eager_step(name, nugget_positions, attention, data, tmp_path):
     """The same loss and gradients as ObjectiveLoss's eager step, through one graph with no graph break (fullgraph:
-    a break raises), at two ratios: one graph each, and none again for a second batch at a ratio already seen.
+    a break raises), at two ratios: one graph for both.
     Both decoder readers: under a float mask (reference) and with the bias in a channel (fused, CUDA's default)."""
     sources = [source(name, data) | ({"documents_per_example": 2} if name == "continuation" else {})]
     nugget = {**NUGGET, "nugget_positions": nugget_positions}
     cfg = config(tmp_path, sources, batch_size=3, nugget=nugget)
     run = Trainer(cfg.model_copy(update={"attention": attention}), NuggetModel(tiny_base(), NuggetConfig(**nugget)))
     run.model.train()
-    step = CompiledStep(run.model, cfg.data, cfg.lengths, fused=attention == "fused", backend="aot_eager")
+    step = CompiledStep(run.model, cfg.data, cfg.lengths, 2.0, fused=attention == "fused", backend="aot_eager")
     torch._dynamo.utils.counters.clear()
     for ratio in (2.0, 4.0, 4.0):
         batch = run.mixture.next_batch()
@@ -68,7 +62,7 @@ def test_compiled_step_equals_eager_step(name, nugget_positions, attention, data
         for key in expected:
             torch.testing.assert_close(got[key], expected[key], rtol=1e-3, atol=1e-6)
         assert nuggets == [sum(nugget_count(len(d), ratio) for d in docs) for docs in batch.documents]
-    assert step.graphs["loss"] == 2 and len(step.buckets) == 2
+    assert step.graphs["loss"] == 1 and len(step.buckets) == 1
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
@@ -81,7 +75,7 @@ def test_the_compiled_update_equals_the_eager_update(data, tmp_path):
         cfg = config(tmp_path / arm, [source("autoencoding", data)], batch_size=2, compile="off",
                      optim={"warmup_steps": 2, "lr": 1e-2, "max_grad_norm": 0.05})
         run = Trainer(cfg, tiny_model())
-        step = CompiledStep(run.model, cfg.data, cfg.lengths, backend="aot_eager") if arm == "compiled" else None
+        step = CompiledStep(run.model, cfg.data, cfg.lengths, 4.0, backend="aot_eager") if arm == "compiled" else None
         if step is not None:
             compiled_step.tensor_learning_rates(run.optimizer)
         run.model.train()
@@ -103,15 +97,16 @@ def test_the_compiled_update_equals_the_eager_update(data, tmp_path):
         torch.testing.assert_close(weights[1][key], weights[0][key], rtol=1e-4, atol=1e-6)
 
 
-def test_a_compiled_run_compiles_once_per_bucket(data, tmp_path, aot_eager):
-    """`compile: step` over autoencoding and continuation at r in {2, 4}: 12 updates, one loss graph per (source,
-    ratio) bucket and at most two of the update, reported in the run's metric lines; the dev evaluation runs eager."""
+def test_a_compiled_run_compiles_once_per_bucket(data, tmp_path):
+    """`compile: step` over autoencoding and continuation at r in {2, 4}: 12 updates, one loss graph per objective
+    and at most two of the update, reported in the run's metric lines; the dev evaluation runs eager."""
     sources = [source("autoencoding", data), source("continuation", data)]
-    run = Trainer(config(tmp_path, sources, batch_size=2, compile="step", ratios={"choices": [2, 4]}, max_steps=12,
+    run = Trainer(config(tmp_path, sources, batch_size=2, compile="step", compile_backend="aot_eager",
+                         ratios={"choices": [2, 4]}, max_steps=12,
                          log_every=12, save_every=12, eval_every=12), tiny_model())
     result = run.train()
     line = result.losses[-1]
-    assert result.step == 12 and line["buckets"] == 4
+    assert result.step == 12 and line["buckets"] == 2
     assert line["loss_graphs"] == line["buckets"] and 1 <= line["update_graphs"] <= 2
 
 
@@ -119,3 +114,13 @@ def test_compile_true_still_means_per_layer(data, tmp_path):
     sources = [source("autoencoding", data)]
     assert config(tmp_path, sources, compile=True).compile == "layers"
     assert config(tmp_path, sources, compile=False).compile == "off"
+
+
+def test_a_ratio_below_the_runs_lowest_is_refused_by_name(data, tmp_path):
+    cfg = config(tmp_path, [source("autoencoding", data)], batch_size=2)
+    run = Trainer(cfg, tiny_model())
+    step = CompiledStep(run.model, cfg.data, cfg.lengths, 4.0, backend="aot_eager")
+    batch = run.mixture.next_batch()
+    batch.ratio = 2.0
+    with pytest.raises(ValueError, match=r"r = 2.0 keeps up to \d+ nuggets .* include 2.0 in TrainConfig.ratios"):
+        step.loss(batch)

@@ -8,8 +8,8 @@ as one more), and with the optimiser's update compiled too, a step launches with
 That needs shapes that do not change from step to step. A micro-batch of an objective with bounded widths
 (`Objective.fixed_widths`: autoencoding and continuation, the pretraining stage) is laid out in a `Bucket`: documents
 right-padded to the objective's longest, decoder tokens to its longest, and a nugget budget K = ceil(longest / r)
-per document, one graph per (source, ratio, batch size). Within its budget each document keeps exactly its own
-k = ceil(n / r) nuggets (`scorer.select_fixed`), at the positions `compose` gives them (`layout.compose_fixed`), so
+per document that holds the k of the longest at the run's lowest ratio: one graph per objective and batch size,
+whatever the ratio. Within its budget each document keeps exactly its own k = ceil(n / r) nuggets (`scorer.select_fixed`), at the positions `compose` gives them (`layout.compose_fixed`), so
 the loss and gradients are the eager step's (`ObjectiveLoss`), up to the order of floating-point sums.
 """
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 from ..attention import CaptureNuggets
 from ..config import DECODER, ENCODER, nugget_count
@@ -33,25 +34,22 @@ from .data import Batch
 from .objectives import OBJECTIVES
 from .sources import Lengths, Source
 
-COMPILED_BUCKETS = 64  # graphs allowed for the step's function (sources x ratios x batch sizes)
+COMPILED_BUCKETS = 64  # graphs allowed for the step's function (objectives x batch sizes)
 
 
 @dataclass(frozen=True)
 class Bucket:
-    """What fixes one compiled graph of the step."""
+    """What fixes one compiled graph of the step: an objective's widths and the batch's size. The ratio does not:
+    each document's k = ceil(n / r) arrives as a tensor, within a budget of slots that holds the k of the longest
+    document at the lowest ratio trained (at a coarser ratio the rest are padding, read at weight 0)."""
 
-    source: int
-    ratio: float
+    objective: str
     examples: int
     documents: int  # per example (an example with fewer has empty ones)
     document_tokens: int
     decoder_tokens: int
+    budget: int  # nugget slots per document
     soft_prompt: bool
-
-    @property
-    def budget(self) -> int:
-        """Nugget slots per document: the k of the longest."""
-        return nugget_count(self.document_tokens, self.ratio)
 
 
 @dataclass
@@ -70,29 +68,31 @@ class FixedBatch:
 class CompiledStep:
     """The loss of micro-batches whose objective has fixed widths, through one compiled graph per bucket; and the
     optimiser's update (gradient clipping and AdamW) compiled once (twice at most: the first update creates the
-    optimiser's state). `backend`: torch.compile's ("inductor"; tests use "aot_eager"). `graphs` counts the
-    graphs compiled so far, of the loss (its backward comes with each) and of the update; `buckets`, those seen."""
+    optimiser's state). `backend` and `mode`: torch.compile's (TrainConfig.compile_backend, compile_mode). `graphs`
+    counts the graphs compiled so far, of the loss (its backward comes with each) and of the update; `buckets`, the
+    buckets seen."""
 
-    def __init__(self, model: NuggetModel, sources: list[Source], lengths: Lengths, fused: bool = False,
-                 backend: str = "inductor"):
+    def __init__(self, model: NuggetModel, sources: list[Source], lengths: Lengths, lowest_ratio: float,
+                 fused: bool = False, backend: str = "inductor", mode: str = "default"):
+        self.lowest_ratio = lowest_ratio
         self.model, self.sources, self.lengths, self.fused = model, sources, lengths, fused
         eos = 0 if model.tokenizer.eos_token_id is None else 1
         self.widths = [None if s.full_context else OBJECTIVES[s.objective].fixed_widths(s, lengths, eos)
                        for s in sources]
         self.graphs = {"loss": 0, "update": 0}
-        compiler = torch._dynamo.lookup_backend(backend)
-
-        def counted(kind: str):
-            def compile_graph(graph, example_inputs):
-                self.graphs[kind] += 1
-                return compiler(graph, example_inputs)
-
-            return compile_graph
-
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_BUCKETS)
-        self._loss = torch.compile(fixed_loss, backend=counted("loss"), fullgraph=True, dynamic=False)
-        self._update = torch.compile(clip_and_step, backend=counted("update"), fullgraph=True, dynamic=False)
         self.buckets: set[Bucket] = set()
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_BUCKETS)
+        options = dict(backend=backend, mode=mode, fullgraph=True, dynamic=False)
+        self._loss = torch.compile(fixed_loss, **options)
+        self._update = torch.compile(clip_and_step, **options)
+
+    def _counted(self, kind: str, compiled, *args):
+        """Call a compiled function, counting the graphs dynamo compiles meanwhile."""
+        before = counters["stats"]["unique_graphs"]
+        try:
+            return compiled(*args)
+        finally:
+            self.graphs[kind] += counters["stats"]["unique_graphs"] - before
 
     def fits(self, batch: Batch) -> bool:
         """Whether this micro-batch runs compiled: its objective has fixed widths and it reads every document at the
@@ -101,34 +101,34 @@ class CompiledStep:
 
     def bucket(self, batch: Batch) -> Bucket:
         documents, document_tokens, decoder_tokens = self.widths[batch.source]
-        ratio = self.model.config.ratio if batch.ratio is None else batch.ratio
-        soft = OBJECTIVES[self.sources[batch.source].objective].soft_prompt
-        return Bucket(batch.source, float(ratio), len(batch.documents), documents, document_tokens, decoder_tokens,
-                      soft)
+        objective = OBJECTIVES[self.sources[batch.source].objective]
+        return Bucket(objective.name, len(batch.documents), documents, document_tokens, decoder_tokens,
+                      nugget_count(document_tokens, self.lowest_ratio), objective.soft_prompt)
 
     def loss(self, batch: Batch) -> tuple[torch.Tensor, list[int]]:
         """The micro-batch's loss (as `ObjectiveLoss` computes it eagerly) and each example's nugget count."""
         bucket = self.bucket(batch)
         self.buckets.add(bucket)
-        fixed = lay_out(self.model, batch, bucket)
+        ratio = self.model.config.ratio if batch.ratio is None else batch.ratio
+        fixed = lay_out(self.model, batch, bucket, ratio)
         with self.model.lock:  # the compiled graph switches adapters, which are global
-            loss = self._loss(self.model, fixed, bucket, self.fused)
-        per_example = fixed.counts.view(bucket.examples, bucket.documents).sum(1).tolist()
-        return loss, per_example
+            loss = self._counted("loss", self._loss, self.model, fixed, bucket, self.fused)
+        return loss, [sum(nugget_count(len(d), ratio) for d in docs) for docs in batch.documents]
 
     def update(self, optimizer: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LRScheduler,
                max_grad_norm: float | None) -> None:
         """Clip the gradients to `max_grad_norm` (None or 0: not at all) and step `optimizer`, compiled, then
         `schedule`. The learning rates must be tensors (`tensor_learning_rates`)."""
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        self._update(optimizer, params, max_grad_norm or 0.0)
+        self._counted("update", self._update, optimizer, params, max_grad_norm or 0.0)
         with warnings.catch_warnings():  # the schedule cannot see that the compiled update stepped the optimiser
             warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
             schedule.step()
 
 
-def lay_out(model: NuggetModel, batch: Batch, bucket: Bucket) -> FixedBatch:
-    """`batch` in `bucket`'s shapes; a micro-batch that does not fit them is refused by name."""
+def lay_out(model: NuggetModel, batch: Batch, bucket: Bucket, ratio: float) -> FixedBatch:
+    """`batch`, compressed at `ratio`, in `bucket`'s shapes; a micro-batch that does not fit them is refused by
+    name."""
     opening, pad = model.document_opening, model.tokenizer.pad_token_id
     width = len(opening) + bucket.document_tokens
     ids = torch.full((bucket.examples * bucket.documents, width), pad, dtype=torch.long)
@@ -143,7 +143,11 @@ def lay_out(model: NuggetModel, batch: Batch, bucket: Bucket) -> FixedBatch:
             lengths[row] = len(doc)
         for d in range(len(docs), bucket.documents):
             ids[e * bucket.documents + d, : len(opening)] = torch.tensor(opening, dtype=torch.long)
-    counts = torch.tensor([nugget_count(int(n), bucket.ratio) if n else 0 for n in lengths])
+    counts = torch.tensor([nugget_count(int(n), ratio) if n else 0 for n in lengths])
+    if counts.max() > bucket.budget:
+        raise ValueError(f"r = {ratio} keeps up to {int(counts.max())} nuggets of a document, more than the compiled "
+                         f"step's {bucket.budget} slots (set by the run's lowest ratio); include {ratio} in "
+                         "TrainConfig.ratios")
     grow = bucket.decoder_tokens - batch.input_ids.shape[1]
     if grow < 0:
         raise ValueError(f"the micro-batch's {batch.input_ids.shape[1]} decoder tokens exceed the compiled step's "

@@ -157,10 +157,18 @@ class TrainConfig(BaseModel):
         "off", description="layers: torch.compile each layer of the base model (dynamic shapes; attention stays eager), "
                            "which fuses the element-wise operations of the norms, rotary embeddings, LoRA and MLP. "
                            "step: the whole step of objectives with fixed widths (autoencoding, continuation) in one "
-                           "graph per (source, ratio, batch size), and the optimiser's update (compiled_step.py): "
+                           "graph per objective and batch size, any ratio, and the optimiser's update "
+                           "(compiled_step.py): "
                            "for GPUs, where the step is bound by Python launching kernels. The first steps of each "
                            "pay the compilation; no faster on a CPU (BENCHMARKS.md). true means layers.",
     )
+
+    compile_backend: str = Field("inductor", description="torch.compile's backend for compile: step (aot_eager: "
+                                                         "trace and check without generating code, as CPU rehearsals "
+                                                         "do).")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile's mode for compile: step: reduce-overhead replays each graph as a CUDA "
+                               "graph (one launch a graph instead of one a kernel).")
 
     @field_validator("compile", mode="before")
     @classmethod
@@ -216,5 +224,5 @@ class TrainConfig(BaseModel):
             mode="json",
             exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
                      "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
-                     "compile", "attention", "packing", "ready_dir"},
+                     "compile", "compile_backend", "compile_mode", "attention", "packing", "ready_dir"},
         )

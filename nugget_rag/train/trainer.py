@@ -152,7 +152,8 @@ class Trainer:
             if self.accelerator.mixed_precision == "fp16":
                 raise ValueError("compile: step updates without fp16's gradient scaler; use mixed_precision bf16 or no")
             fused = config.attention == "fused" or (config.attention == "auto" and self.accelerator.device.type == "cuda")
-            self.compiled = CompiledStep(model, config.data, config.lengths, fused)
+            self.compiled = CompiledStep(model, config.data, config.lengths, config.ratio_range()[0], fused,
+                                         config.compile_backend, config.compile_mode)
         self.teacher = self._teacher() if config.distill.weight > 0 else None
         self.names = source_names(config.data)
         self.mixture, self.dev = self._data()
