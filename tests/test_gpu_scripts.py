@@ -94,13 +94,19 @@ def test_the_benchmark_dry_run_runs_every_part_into_three_files(tmp_path):
 
 
 def test_a_chain_call_skips_dev_scoring_and_logs_its_setup(tmp_path):
-    """EVAL_TASKS=none: the call trains and exports, scores nothing, and logs its setup seconds apart."""
+    """EVAL_TASKS=none: the call trains and exports, scores nothing, and logs its setup seconds apart. With the step
+    compiled whole (TRAINING.md's chain call; traced with aot_eager here), 8 updates over the chain config's
+    objectives and ratios compile one loss graph per objective, whatever the ratio."""
     done = run_script("gpu_session.sh", tmp_path / "out", "300", "--eval-every", "0", "--eval-generate", "0",
+                      "--compile", "step", "--compile-backend", "aot_eager", "--max-steps", "8", "--log-every", "8",
                       DRY_RUN="1", CONFIG="configs/pretrain.yaml", EVAL_TASKS="none")
     log = (tmp_path / "out" / "train.log").read_text()
     assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
     assert "dev.json" not in files_under(tmp_path / "out") and "no dev scoring" in log
     assert "setup before the trainer" in log and '"first_update_s"' in log
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    trained = [line for line in lines if line.get("kind") == "train"][-1]
+    assert trained["step"] == 8 and trained["loss_graphs"] == trained["buckets"] <= 2
 
 
 def test_ready_sets_carried_as_one_archive_are_trained_from(tmp_path):
