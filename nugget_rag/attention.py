@@ -134,19 +134,21 @@ class BiasChannelNuggets(ReadNuggets):
     PADDING_BIAS = -30_000.0  # softmax weight 0 in float32 and bfloat16, and within float16's range
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, nugget_bias: torch.Tensor,
-                 token_mask: torch.Tensor, query_len: int, checked: bool = True):
-        """`checked=False` skips the checks that read tensors back from the device (the compiled step, whose
-        tokens are right-padded by construction)."""
-        if checked and not self.fits(token_mask, query_len):
+                 token_mask: torch.Tensor, query_len: int, traced: bool = False):
+        """`traced`: built inside a torch.compile graph (the compiled step, whose tokens are right-padded by
+        construction): no check that reads tensors back from the device, causality as a boolean mask (dynamo does not
+        trace `CausalBias`) and, on CUDA, grouped heads repeated for the memory-efficient kernel, which takes it."""
+        if not traced and not self.fits(token_mask, query_len):
             raise ValueError("BiasChannelNuggets needs right-padded tokens run in one pass; use ReadNuggets")
         padding = torch.isneginf(nugget_bias)
-        if checked and not torch.isfinite(nugget_bias[~padding]).all():
+        if not traced and not torch.isfinite(nugget_bias[~padding]).all():
             raise ValueError("a nugget's attention bias is not finite (NaN or inf): the Scorer's scores are; check "
                              "the Scorer's weights and inputs")
         self.keys, self.values = keys, values
         self.channel = nugget_bias.masked_fill(padding, self.PADDING_BIAS)[:, None, :, None].to(keys.dtype)  # [b,1,K,1]
         seen = keys.shape[3] + query_len
-        if takes_causal_flag(token_mask.device):
+        self.traced = traced
+        if takes_causal_flag(token_mask.device) and not traced:
             self.causal = causal_lower_right(query_len, seen)
         else:
             self.causal = torch.ones(query_len, seen, dtype=torch.bool, device=token_mask.device).tril(seen - query_len)
@@ -169,7 +171,7 @@ class BiasChannelNuggets(ReadNuggets):
         value = F.pad(torch.cat([nugget_values.to(value.dtype), value], dim=2), (0, 1))
         query = torch.cat([query, query.new_full((*query.shape[:-1], 1), 1 / scale)], dim=-1)
         groups = query.shape[1] // key.shape[1]
-        if groups > 1 and query.device.type == "cuda" and not flash_takes_groups(query, key, value):
+        if groups > 1 and query.device.type == "cuda" and (self.traced or not flash_takes_groups(query, key, value)):
             key, value = repeat_kv(key, groups), repeat_kv(value, groups)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=self.causal, dropout_p=dropout, scale=scale,
                                              enable_gqa=query.shape[1] != key.shape[1])

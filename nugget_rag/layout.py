@@ -146,10 +146,11 @@ class NuggetLayout:
         """What the decoder's `query_len` last tokens of `token_mask` attend to the nuggets through: without a float
         mask when `fused` and the tokens allow it (`BiasChannelNuggets.fits`), else under one; with `rows`, inside
         a reader that runs them (`inputs` puts them in the pass). `right_padded=True`: the caller's tokens are
-        right-padded and all run now by construction (the compiled step), so nothing is read back from the device."""
+        right-padded and all run now by construction, inside a torch.compile graph (the compiled step), so nothing
+        is read back from the device (BiasChannelNuggets' `traced`)."""
         if fused and (BiasChannelNuggets.fits(token_mask, query_len) if right_padded is None else right_padded):
             inner = BiasChannelNuggets(self.keys, self.values, self.bias, token_mask, query_len,
-                                       checked=right_padded is None)
+                                       traced=right_padded is not None)
         else:
             inner = ReadNuggets(self.keys, self.values, self.bias, token_mask, query_len)
         return inner if self.rows is None else ReadWithPrefixRows(inner, self.rows)

@@ -10,6 +10,7 @@ import torch
 from test_train import NUGGET, config, gradients, source, tiny_model
 from tiny import tiny_base
 
+from nugget_rag import attention
 from nugget_rag.config import NuggetConfig, nugget_count
 from nugget_rag.model import NuggetModel
 from nugget_rag.scorer import select_fixed, select_nuggets
@@ -124,3 +125,21 @@ def test_a_ratio_below_the_runs_lowest_is_refused_by_name(data, tmp_path):
     batch.ratio = 2.0
     with pytest.raises(ValueError, match=r"r = 2.0 keeps up to \d+ nuggets .* include 2.0 in TrainConfig.ratios"):
         step.loss(batch)
+
+
+def test_the_fused_readers_cuda_branch_traces_too(data, tmp_path, monkeypatch):
+    """On CUDA the eager fused reader gives SDPA causality as a `CausalBias` flag, which dynamo does not trace; the
+    compiled step gives it as a boolean mask (CUDA's branch forced here on the CPU): the same loss and gradients."""
+    monkeypatch.setattr(attention, "takes_causal_flag", lambda device: True)
+    cfg = config(tmp_path, [source("autoencoding", data)], batch_size=3, attention="fused")
+    run = Trainer(cfg, tiny_model())
+    run.model.train()
+    batch = run.mixture.next_batch()
+    run.objective(batch).backward()
+    expected = gradients(run.model)
+    run.optimizer.zero_grad(set_to_none=True)
+    step = CompiledStep(run.model, cfg.data, cfg.lengths, 4.0, fused=True, backend="aot_eager")
+    step.loss(batch)[0].backward()
+    got = gradients(run.model)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-3, atol=1e-6)
