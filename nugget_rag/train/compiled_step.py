@@ -6,11 +6,12 @@ into one graph per shape (Scorer, top-k, encoder, composition, decoder and loss;
 as one more), and with the optimiser's update compiled too, a step launches without Python in between.
 
 That needs shapes that do not change from step to step. A micro-batch of an objective with bounded widths
-(`Objective.fixed_widths`: autoencoding and continuation, the pretraining stage) is laid out in a `Bucket`: documents
-right-padded to the objective's longest, decoder tokens to its longest, and a nugget budget K = ceil(longest / r)
-per document that holds the k of the longest at the run's lowest ratio: one graph per objective and batch size,
-whatever the ratio. Within its budget each document keeps exactly its own k = ceil(n / r) nuggets (`scorer.select_fixed`), at the positions `compose` gives them (`layout.compose_fixed`), so
-the loss and gradients are the eager step's (`ObjectiveLoss`), up to the order of floating-point sums.
+(`Objective.fixed_widths`: autoencoding and continuation, the pretraining stage) is laid out in a `Bucket`:
+documents right-padded to the objective's longest, decoder tokens to its longest, and as many nugget slots per
+document as the longest keeps at the run's lowest ratio. So there is one graph per objective and batch size,
+whatever the ratio drawn. Each document fills exactly its own k = ceil(n / r) slots (`scorer.select_fixed`), at the
+positions `compose` gives them (`layout.compose_fixed`); the rest are padding, read at weight 0. The loss and
+gradients are the eager step's (`ObjectiveLoss`), up to the order of floating-point sums.
 """
 
 from __future__ import annotations
@@ -67,15 +68,15 @@ class FixedBatch:
 
 class CompiledStep:
     """The loss of micro-batches whose objective has fixed widths, through one compiled graph per bucket; and the
-    optimiser's update (gradient clipping and AdamW) compiled once (twice at most: the first update creates the
-    optimiser's state). `backend` and `mode`: torch.compile's (TrainConfig.compile_backend, compile_mode). `graphs`
-    counts the graphs compiled so far, of the loss (its backward comes with each) and of the update; `buckets`, the
-    buckets seen."""
+    optimiser's update (gradient clipping and AdamW), compiled once per set of parameters with gradients (an
+    objective that leaves the decoder frozen has its own), and at most once more for the first update, which creates
+    the optimiser's state. `backend` and `mode`: torch.compile's (TrainConfig.compile_backend, compile_mode).
+    `graphs` counts the graphs compiled so far, of the loss (its backward comes with each) and of the update;
+    `buckets`, the buckets seen."""
 
     def __init__(self, model: NuggetModel, sources: list[Source], lengths: Lengths, lowest_ratio: float,
                  fused: bool = False, backend: str = "inductor", mode: str = "default"):
-        self.lowest_ratio = lowest_ratio
-        self.model, self.sources, self.lengths, self.fused = model, sources, lengths, fused
+        self.model, self.sources, self.lowest_ratio, self.fused = model, sources, lowest_ratio, fused
         eos = 0 if model.tokenizer.eos_token_id is None else 1
         self.widths = [None if s.full_context else OBJECTIVES[s.objective].fixed_widths(s, lengths, eos)
                        for s in sources]

@@ -358,7 +358,7 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == self.updates:
                 line = {"kind": "train", "step": self.step, "lr": float(self.scheduler.get_last_lr()[0]), **window.flush(),
                         "passes": self.passes, "elapsed_s": round(time.monotonic() - start, 1)}
-                if self.compiled is not None:  # graphs compiled so far: at most one a bucket, and the update's two
+                if self.compiled is not None:  # graphs compiled so far: one a bucket, and the update's (CompiledStep)
                     line |= {"buckets": len(self.compiled.buckets), "loss_graphs": self.compiled.graphs["loss"],
                              "update_graphs": self.compiled.graphs["update"]}
                 losses.append(line)
