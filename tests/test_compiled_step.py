@@ -143,3 +143,8 @@ def test_the_fused_readers_cuda_branch_traces_too(data, tmp_path, monkeypatch):
     got = gradients(run.model)
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=1e-3, atol=1e-6)
+
+
+def test_the_compiled_step_refuses_gradient_checkpointing_by_name(data, tmp_path):
+    with pytest.raises(ValueError, match="compile: step with gradient_checkpointing"):
+        config(tmp_path, [source("autoencoding", data)], compile="step", gradient_checkpointing=True)

@@ -175,6 +175,14 @@ class TrainConfig(BaseModel):
     def _compile_flag(cls, value):
         return {True: "layers", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
+    @model_validator(mode="after")
+    def _compiled_step_alone(self) -> TrainConfig:
+        if self.compile == "step" and self.gradient_checkpointing:
+            raise ValueError("compile: step with gradient_checkpointing: a checkpointed layer's replay switches the "
+                             "adapters, which a compiled graph cannot; turn gradient_checkpointing off (the "
+                             "pretraining step fits without it) or use compile: layers")
+        return self
+
     attention: Literal["auto", "fused", "reference"] = Field(
         "auto", description="How the decoder attends to nuggets in training: fused (the Eq. 18 bias in an extra "
                             "query/key channel, no float mask, so SDPA's fused kernels run), reference (under a float "
