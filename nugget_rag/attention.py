@@ -221,7 +221,7 @@ def _attend_nuggets(nuggets: CaptureNuggets | ReadNuggets, layer: int, query: to
 
 
 # Left out of torch.compile unless the nugget object is `inline` (the compiled training step traces everything in one
-# graph): under per-layer compilation (NuggetModel.compile_layers) the nugget objects it records into and each layer's
+# graph): under per-layer compilation (compiled_step.compile_layers) the nugget objects it records into and each layer's
 # index would make every layer its own compiled variant. A plain pass (decoding over a static cache) compiles whole.
 _attend_nuggets_left_out = torch.compiler.disable(_attend_nuggets)
 

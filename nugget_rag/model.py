@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -34,7 +35,6 @@ from .scorer import Scorer, rank_nuggets, select_nuggets
 from .state import NuggetState
 
 PREFIX_CACHE_SIZE = 8  # prompt openings kept between queries (one per system prompt in use, typically)
-COMPILED_VARIANTS = 64  # torch.compile recompilations allowed per layer function (adapters x grad modes x shapes)
 
 
 @dataclass
@@ -132,7 +132,7 @@ class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
 
     @property
     def layers(self) -> nn.ModuleList:
-        """The decoder layers of the base model (to hook, not to call: `run` does that)."""
+        """The decoder layers of the base model (to hook, not to call: `run` and `run_layers` do that)."""
         return self.llama.model.layers
 
     @property
@@ -178,40 +178,27 @@ class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
         """Checkpoint every decoder layer; the replay runs under the adapter that was active in the forward pass."""
         self.adapters.enable_gradient_checkpointing(self.llama)
 
-    def compile_layers(self) -> None:
-        """torch.compile each decoder layer of the base model, with dynamic shapes. Attention runs eager (attention.py),
-        so one compiled layer serves all layers; variants arise per adapter, per grad mode and per input shape class."""
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_VARIANTS)
-        for layer in self.layers:
-            layer.compile(dynamic=True)
-
     # ------------------------------------------------------------------ encoder side
     def pad(self, sequences: Sequence[Sequence[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids padded into one batch on the model's device (layout.pad), and the mask of real tokens."""
         return positions.pad(sequences, self.tokenizer.pad_token_id, self.device, left)
 
-    def score(self, input_ids: torch.Tensor, steps: torch.Tensor | None = None,
-              mask: torch.Tensor | None = None) -> torch.Tensor:
+    def score(self, input_ids: torch.Tensor, steps: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+              holding_lock: bool = False) -> torch.Tensor:
         """Scorer over the hidden states after `scorer_layer` layers of the frozen model (adapters off); causal, or
-        at positions `steps` under a boolean `mask` ([batch, 1, tokens, tokens]: packed rows, packing.py)."""
-        with self.lock:
-            return self.score_unlocked(input_ids, steps, mask)
-
-    def score_unlocked(self, input_ids: torch.Tensor, steps: torch.Tensor | None = None,
-                       mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`score` for a caller that holds `lock` (the compiled training step, which traces it)."""
+        at positions `steps` under a boolean `mask` ([batch, 1, tokens, tokens]: packed rows, packing.py).
+        `holding_lock`: the caller holds `lock` (the compiled training step, which traces this)."""
         steps = torch.arange(input_ids.shape[1], device=input_ids.device)[None] if steps is None else steps
-        with torch.no_grad():
-            hidden = self.llama.model.embed_tokens(input_ids)
-            hidden = self.stack_unlocked(None, hidden, steps, mask=mask, layers=self.config.scorer_layer, norm=False)
+        with nullcontext() if holding_lock else self.lock, torch.no_grad():
+            hidden = self.run_layers(None, self.llama.model.embed_tokens(input_ids), steps, mask=mask,
+                                     layers=self.config.scorer_layer, norm=False)
         return self.scorer(hidden)
 
-    def stack_unlocked(self, adapter: str | None, hidden: torch.Tensor, steps: torch.Tensor,
-                       nuggets: CaptureNuggets | ReadNuggets | None = None, mask: torch.Tensor | None = None,
-                       layers: int | None = None, norm: bool = True) -> torch.Tensor:
-        """The first `layers` (default all) decoder layers of the base model over input embeddings `hidden` at
-        positions `steps`, with `adapter` active, then the final norm; for a caller that holds `lock`. Tensors in,
-        tensors out, no mask built: what the compiled training step traces (`run` is the general pass)."""
+    def run_layers(self, adapter: str | None, hidden: torch.Tensor, steps: torch.Tensor, nuggets=None,
+                   mask: torch.Tensor | None = None, layers: int | None = None, norm: bool = True) -> torch.Tensor:
+        """The first `layers` (default all) layers of the base model over input embeddings `hidden` at positions
+        `steps` under `adapter`, then the final norm: tensors in and out, no mask built, no lock taken (the compiled
+        training step traces it, holding the lock; `run` is the general pass)."""
         inner = self.llama.model
         with self.use_adapter(adapter):
             rotary = inner.rotary_emb(hidden, position_ids=steps)

@@ -1,4 +1,5 @@
-"""The training step in fixed shapes, compiled whole (`TrainConfig.compile: step`).
+"""torch.compile in training (`TrainConfig.compile`): each layer (`layers`), or the step in fixed shapes, compiled
+whole (`step`).
 
 A GPU update of this small model costs the host about as much at batch 16 as at 128: every operation of the step
 is a kernel launch that Python issues one by one (BENCHMARKS.md, host operations per micro-batch). Traced whole
@@ -36,6 +37,16 @@ from .objectives import OBJECTIVES
 from .sources import Lengths, Source
 
 COMPILED_BUCKETS = 64  # graphs allowed for the step's function (objectives x batch sizes)
+COMPILED_VARIANTS = 64  # recompilations allowed per compiled layer (compile: layers; adapters x grad modes x shapes)
+
+
+def compile_layers(model: NuggetModel) -> None:
+    """`compile: layers`: torch.compile each decoder layer of the base model, with dynamic shapes. Attention runs
+    eager (attention.py), so one compiled layer serves all layers; variants arise per adapter, per grad mode and per
+    input shape class."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_VARIANTS)
+    for layer in model.layers:
+        layer.compile(dynamic=True)
 
 
 @dataclass(frozen=True)
@@ -168,12 +179,12 @@ def lay_out(model: NuggetModel, batch: Batch, bucket: Bucket, ratio: float) -> F
 def fixed_loss(model: NuggetModel, batch: FixedBatch, bucket: Bucket, fused: bool) -> torch.Tensor:
     """The micro-batch's cross-entropy, every operation on the device in fixed shapes (what torch.compile traces)."""
     opening = len(model.document_opening)
-    scores = model.score_unlocked(batch.document_ids)[:, opening:]
+    scores = model.score(batch.document_ids, holding_lock=True)[:, opening:]
     positions, chosen = select_fixed(scores, batch.lengths, batch.counts, bucket.budget)
     steps = torch.arange(batch.document_ids.shape[1], device=scores.device)[None]
     capture = CaptureNuggets(positions + opening, inline=True)
     embedding = model.llama.get_input_embeddings()
-    model.stack_unlocked(ENCODER, embedding(batch.document_ids), steps, capture)
+    model.run_layers(ENCODER, embedding(batch.document_ids), steps, capture)
     keys, values = capture.stacked()
     head = 0 if batch.rows is None else batch.rows.ids.shape[1]
     layout = compose_fixed(keys, values, scores.gather(1, positions), chosen, positions, batch.lengths,
@@ -183,7 +194,7 @@ def fixed_loss(model: NuggetModel, batch: FixedBatch, bucket: Bucket, fused: boo
     embeds, mask, steps = layout.inputs(embeds, mask, embedding)
     reader = layout.reader(mask, embeds.shape[1], fused, right_padded=True)
     reader.inline = True
-    hidden = model.stack_unlocked(DECODER, embeds, steps, reader)[: bucket.examples, :width]
+    hidden = model.run_layers(DECODER, embeds, steps, reader)[: bucket.examples, :width]
     # hidden at position i predicts the token at i + 1; with a soft prompt its last vector predicts token 0
     extra = width - batch.input_ids.shape[1]
     predictors, targets = (hidden[:, extra - 1 : -1], batch.labels) if extra else (hidden[:, :-1], batch.labels[:, 1:])

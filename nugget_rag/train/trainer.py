@@ -28,7 +28,7 @@ from ..files import write_atomic
 from ..generation import GenerationSettings, generate
 from ..model import NuggetModel
 from . import checkpoint, lineage
-from .compiled_step import CompiledStep, tensor_learning_rates
+from .compiled_step import CompiledStep, compile_layers, tensor_learning_rates
 from .config import TrainConfig
 from .data import Batch, ExampleBuilder, ExampleStream, Mixture, build_examples, collate
 from .distill import Teacher
@@ -144,7 +144,7 @@ class Trainer:
         if config.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         if config.compile == "layers":
-            model.compile_layers()
+            compile_layers(model)
         model.attention = config.attention
         self.model = model
         self.compiled = None
