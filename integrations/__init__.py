@@ -14,6 +14,7 @@ from .faiss_store import (
     source_label,
 )
 from .loaders import DocumentLoadError, LoadReport, load_documents, load_jsonl, read_documents
+from .prune import PruneReport, prune
 from .refloor import RefloorReport, refloor
 from .vectorstores import VectorStoreSpec
 from .visualize import NuggetView, nugget_view, reading_view, render_html, render_terminal
@@ -21,7 +22,7 @@ from .visualize import NuggetView, nugget_view, reading_view, render_html, rende
 __all__ = [
     "DocumentLoadError", "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings",
     "build_qa_chain", "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
-    "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor",
+    "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor", "PruneReport", "prune",
     "VectorStoreSpec",
     "NuggetView", "nugget_view", "reading_view", "render_html", "render_terminal",
 ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -387,6 +388,8 @@ class NuggetIndex:
         fsync_directory(directory)
         for name in replaced - {f["name"] for f in files.values()}:
             (directory / name).unlink(missing_ok=True)
+        if nuggets.redis is not None:  # a store other indexes share: what prune keeps (integrations/prune.py)
+            nuggets.register_index(index_location(directory))
         return directory
 
     def _copy_nuggets(self, target: NuggetStore) -> None:
@@ -602,6 +605,11 @@ def read_records(directory: str | Path, manifest: dict[str, Any]) -> tuple[dict[
     return docs, order
 
 
+def index_location(directory: str | Path) -> str:
+    """"HOST:PATH": how a nugget store names an index saved over it (NuggetStore.register_index)."""
+    return f"{socket.gethostname()}:{Path(directory).resolve()}"
+
+
 def _vectorstore_name(vectorstore: VectorStore | None) -> str:
     if vectorstore is None:
         return DEFAULT_VECTORSTORE
@@ -787,6 +795,6 @@ def source_label(metadata: dict[str, Any]) -> str:
 
 __all__: list[str] = [
     "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings", "build_qa_chain", "chunk_id",
-    "embedding_name", "load_compressor", "minilm_embeddings", "read_manifest", "read_records",
+    "embedding_name", "index_location", "load_compressor", "minilm_embeddings", "read_manifest", "read_records",
     "source_label",
 ]

@@ -3,6 +3,7 @@
     nugget-rag ingest docs/ notes.md corpus.jsonl --index my-index
     nugget-rag ingest corpus/ --index my-index --store redis://head:6379/0 --ray head:6379
     nugget-rag ask "How do I parse JSON?" --index my-index
+    nugget-rag prune --index my-index
     nugget-rag inspect README.md --html nuggets.html
     nugget-rag train --config configs/recipe-r10.yaml
     nugget-rag eval --tasks squad --ratios 10 --limit 20
@@ -318,6 +319,26 @@ def cmd_refloor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    from .integrations import prune
+    from .integrations.faiss_store import NUGGETS_DIR
+    from .store import NuggetStore
+
+    saved = _manifest(args.index).get("nugget_store", "directory")
+    if saved.startswith("redis") and not args.store:
+        raise UserError(f"the index in {args.index} keeps its nuggets in Redis ({saved}); give that --store URL")
+    if args.store and not saved.startswith("redis"):
+        raise UserError(f"the index in {args.index} keeps its nuggets in {args.index / NUGGETS_DIR}, not in Redis; "
+                        "leave out --store")
+    store = NuggetStore.from_redis(args.store) if args.store else NuggetStore(directory=args.index / NUGGETS_DIR)
+    report = prune([args.index], store)
+    gone = f"; forgot {len(report.forgotten)} deleted indexes ({', '.join(report.forgotten)})" if report.forgotten else ""
+    print(f"Pruned the nugget store of {args.index}: removed {report.removed} states no index references "
+          f"({report.bytes_removed / 2**20:.1f} MiB); kept {report.kept} states of {len(report.indexes)} "
+          f"index(es){gone}")
+    return 0
+
+
 def wait_for_interrupt() -> None:
     """Block until Ctrl-C or SIGTERM (the Ray replicas serve meanwhile), then delete the deployment."""
     from ray import serve
@@ -493,6 +514,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_option(refloor)
     add_vectorstore_option(refloor)
     refloor.set_defaults(func=cmd_refloor)
+
+    prune = commands.add_parser("prune", help="remove stored nuggets no index references",
+                                description="Remove the nugget states in the index's store that no index over "
+                                            "that store references (after `delete`s, re-chunking, other models). "
+                                            "Every index saved over a shared --store is read and kept; one "
+                                            "another host holds makes prune refuse.")
+    prune.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory")
+    add_store_option(prune)
+    add_verbose_option(prune)
+    prune.set_defaults(func=cmd_prune)
 
     inspect = commands.add_parser("inspect", parents=[common], help="show which tokens become nuggets",
                                   description="Highlight the tokens the Scorer keeps as nuggets (Dodo paper, Fig. 7).")

@@ -1,4 +1,4 @@
-"""The user's own vector store behind NuggetIndex (LangChain's InMemoryVectorStore), and delete."""
+"""The user's own vector store behind NuggetIndex (LangChain's InMemoryVectorStore), delete, and prune."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from test_integrations import DOCS, HashEmbeddings, forbid_compress
 from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore, cli
-from nugget_rag.integrations import NuggetIndex, VectorStoreSpec, build_qa_chain
+from nugget_rag.integrations import NuggetIndex, VectorStoreSpec, build_qa_chain, prune
+from nugget_rag.integrations.faiss_store import index_location
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -126,6 +127,61 @@ def test_delete_from_the_default_faiss(compressor, tmp_path):
     assert loaded.ids == index.ids and loaded.vectorstore.index.ntotal == len(index)
 
 
+def test_prune_removes_only_the_states_no_index_references(index, tiny_model, tmp_path):
+    store = NuggetStore(directory=tmp_path / "shared")
+    compressor = NuggetCompressor(model=tiny_model, store=store, text_states=True)
+    kept_index = NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
+    kept_index.ingest(DOCS)
+    texts = [d.page_content for d in kept_index.documents]
+    compressor.lookup(texts[-2:], 2.0)  # states of kept chunks at a finer floor: another fingerprint
+    orphan = "A text no index holds."
+    compressor.invoke([orphan])
+    birds = chunks_of(kept_index, "birds.txt")
+    birds_texts = [d.page_content for d in kept_index.documents if d.id in birds]
+    kept_index.delete(birds)
+    saved = kept_index.save(tmp_path / "a")  # its nuggets are copied to a/nuggets: prune the first store here
+    before = set(store.byte_store.yield_keys())
+    report = prune([saved], store)
+    after = set(store.byte_store.yield_keys())
+    removed = before - after
+    assert report.removed == len(removed) > 0 and report.kept == len(after) and report.bytes_removed > 0
+    assert report.indexes == [index_location(saved)] and report.forgotten == []
+    assert removed == {store.key(t, fp) for t in [*birds_texts, orphan]
+                       for fp in (compressor.fingerprint, compressor.stored_fingerprint(1.0, adapter=None))}
+    remaining = [t for t in texts if t not in birds_texts]
+    for text in remaining:  # every referenced state stays, at every floor and the text states
+        assert store.get(text, compressor.fingerprint) is not None
+        assert store.get(text, compressor.stored_fingerprint(1.0, adapter=None)) is not None
+    assert {store.key(t, compressor.stored_fingerprint(2.0)) for t in texts[-2:]} <= after
+    assert prune([saved], store).removed == 0  # nothing more to remove
+
+
+def test_prune_keeps_what_a_registered_index_references_and_forgets_a_deleted_one(compressor, tiny_model, tmp_path):
+    index = NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
+    index.ingest(DOCS)
+    index.delete(chunks_of(index, "birds.txt"))
+    index.save(tmp_path / "a")
+    store = index.compressor.store  # tmp_path/store: the index's nuggets, where the deleted chunks' states still are
+    other = NuggetIndex(NuggetCompressor(model=tiny_model), HashEmbeddings(), chunk_tokens=64, chunk_overlap=8)
+    other.ingest(DOCS[:1])  # the birds chunks
+    other.save(tmp_path / "b")
+    store.register_index(index_location(tmp_path / "b"))
+    report = prune([tmp_path / "a"], store)
+    assert report.removed == 0 and report.forgotten == []  # b references the birds chunks
+    store.register_index("another-host:/srv/index")
+    before = set(store.byte_store.yield_keys())
+    with pytest.raises(ValueError, match=r"index at another-host:/srv/index, which cannot be read on this host"):
+        prune([tmp_path / "a"], store)
+    assert set(store.byte_store.yield_keys()) == before  # nothing removed
+    store.forget_index("another-host:/srv/index")
+    for path in (tmp_path / "b").iterdir():  # b deleted: its registration is forgotten, its states removed
+        if path.is_file():
+            path.unlink()
+    report = prune([tmp_path / "a"], store)
+    assert report.forgotten == [index_location(tmp_path / "b")] and report.removed == len(chunks_of(other, "birds.txt"))
+    assert store.indexes() == []
+
+
 def test_a_store_of_another_dimension_is_refused_at_the_first_add(compressor):
     embeddings = HashEmbeddings()
     store = FAISS(embeddings, faiss.IndexFlatL2(7), InMemoryDocstore({}), {})
@@ -188,7 +244,7 @@ def test_spec_builds_a_store_with_the_embeddings_and_names_bad_targets():
         VectorStoreSpec(target="test_integrations:HashEmbeddings").build(embeddings)
 
 
-def test_cli_ingest_and_ask_over_the_users_store(capsys, tmp_path, tiny_model, monkeypatch):
+def test_cli_ingest_ask_and_prune_over_the_users_store(capsys, tmp_path, tiny_model, monkeypatch):
     def load_compressor(args, store_dir=None):
         return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=store_dir), ratio=args.ratio)
 
@@ -211,3 +267,13 @@ def test_cli_ingest_and_ask_over_the_users_store(capsys, tmp_path, tiny_model, m
     assert f"keeps its vectors in the vector store {IN_MEMORY}" in capsys.readouterr().err
     assert cli.main(["ask", "Falcon?", "--index", str(index_dir), "--vectorstore-kwargs", '{"name": "cli"}']) == 2
     assert "--vectorstore-kwargs are the settings of a --vectorstore MODULE:NAME" in capsys.readouterr().err
+
+    index = NuggetIndex.load(index_dir, NuggetCompressor(model=tiny_model),
+                             vectorstore=persistent_store(HashEmbeddings(), "cli"))
+    birds = chunks_of(index, "birds.txt")
+    index.delete(birds)
+    index.save(index_dir)
+    capsys.readouterr()
+    assert cli.main(["prune", "--index", str(index_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"removed {len(birds)} states no index references" in out and f"kept {len(index)} states" in out
