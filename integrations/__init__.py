@@ -1,4 +1,4 @@
-"""LangChain retrieval over the nugget store: FAISS index + all-MiniLM-L6-v2 embeddings."""
+"""LangChain retrieval over the nugget store: FAISS (or the user's own vector store) + all-MiniLM-L6-v2 embeddings."""
 
 from .faiss_store import (
     IndexFileError,
@@ -14,12 +14,15 @@ from .faiss_store import (
     source_label,
 )
 from .loaders import DocumentLoadError, LoadReport, load_documents, load_jsonl, read_documents
+from .prune import PruneReport, prune
 from .refloor import RefloorReport, refloor
+from .vectorstores import VectorStoreSpec
 from .visualize import NuggetView, nugget_view, reading_view, render_html, render_terminal
 
 __all__ = [
     "DocumentLoadError", "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings",
     "build_qa_chain", "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
-    "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor",
+    "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor", "PruneReport", "prune",
+    "VectorStoreSpec",
     "NuggetView", "nugget_view", "reading_view", "render_html", "render_terminal",
 ]

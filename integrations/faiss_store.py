@@ -1,11 +1,13 @@
-"""A FAISS index of document chunks whose nuggets live beside it, and the LCEL QA chain over both.
+"""An index of document chunks (FAISS, or any LangChain vector store) whose nuggets live beside it, and the LCEL QA
+chain over both.
 
 One directory holds everything (no pickle anywhere)::
 
-    index.json              manifest: embedding model, dimension, nugget model fingerprint, chunking, and the
-                            names and sha256 of the two files below
-    index-<sha>.faiss       the FAISS vectors (faiss.serialize_index)
-    docstore-<sha>.json     the chunks (id, page_content, metadata) and FAISS position -> chunk id
+    index.json              manifest: embedding model, dimension, vector store, nugget model fingerprint, chunking,
+                            and the names and sha256 of the two files below
+    index-<sha>.faiss       the FAISS vectors (faiss.serialize_index); absent when the vectors live in the user's
+                            own vector store (`NuggetIndex(..., vectorstore=...)`)
+    docstore-<sha>.json     the chunks (id, page_content, metadata) in index order
     nuggets/                the NuggetStore of the chunks (content-addressed NuggetStates)
 
 A save writes new content-named files, then replaces the manifest (the commit), then deletes the files the old
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -40,7 +43,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnablePassthrough
-from langchain_core.vectorstores import VectorStoreRetriever
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
 from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
@@ -68,6 +71,7 @@ NUGGETS_DIR = "nuggets"
 LOCK_FILE = "index.lock"  # held by NuggetIndex.updating
 LOCK_POLL_S = 0.5  # how often a wait for another process's update checks whether its request was cancelled
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_VECTORSTORE = "faiss"  # the manifest's "vectorstore" for the index's own FAISS files
 
 
 class IndexFileError(ValueError):
@@ -151,12 +155,16 @@ def chunk_id(source: str, text: str) -> str:
 
 
 class NuggetIndex:
-    """FAISS over document chunks + their nuggets in the compressor's store, filled in one `ingest` step.
+    """A vector store over document chunks + their nuggets in the compressor's store, filled in one `ingest` step.
 
     Chunks are cut by the compressor's tokenizer (`chunk_tokens`, `chunk_overlap`), embedded for retrieval
     (cosine ranking) and compressed into nuggets at once, so a later question only reads cached nuggets.
     `batch_size` chunks are compressed, embedded and indexed per step; the progress bar (`show_progress`) moves
     per step, with chunks/s, tokens/s and the time left.
+
+    The vectors go to `vectorstore`, any LangChain VectorStore (Chroma, PGVector, Qdrant, InMemoryVectorStore...),
+    with the chunks' ids and metadata; without one, to the index's own FAISS (saved in its directory). The index
+    keeps its chunks' records (ids, text, metadata) either way: `delete` removes chunks from both.
     """
 
     def __init__(
@@ -168,10 +176,15 @@ class NuggetIndex:
         show_progress: bool = False,
         batch_size: int = 8,
         embedding_model: str | None = None,
+        vectorstore: VectorStore | None = None,
     ):
         if chunk_tokens < 1 or not 0 <= chunk_overlap < chunk_tokens:
             raise ValueError(f"need chunk_tokens >= 1 and 0 <= chunk_overlap < chunk_tokens, "
                              f"got {chunk_tokens} and {chunk_overlap}")
+        if vectorstore is not None and not isinstance(vectorstore, VectorStore):
+            raise TypeError(f"vectorstore is a {type(vectorstore).__name__}, not a LangChain VectorStore; give one "
+                            "(e.g. InMemoryVectorStore(embedding=...)), or leave it out for the index's own FAISS")
+        embeddings = _store_embeddings(vectorstore, embeddings)
         self.compressor = compressor
         self.embeddings = embeddings if embeddings is not None else minilm_embeddings()
         self.embedding_model = embedding_model or embedding_name(self.embeddings)
@@ -182,25 +195,29 @@ class NuggetIndex:
         self.splitter = RecursiveCharacterTextSplitter.from_huggingface_tokenizer(
             compressor.model.tokenizer, chunk_size=chunk_tokens, chunk_overlap=chunk_overlap,
         )
-        self.vectorstore: FAISS | None = None
+        self.user_vectorstore = vectorstore  # None: the index's own FAISS, made at the first add
+        self.vectorstore: VectorStore | None = vectorstore
+        self.dimension: int | None = None  # of the vectors, known at the first add (or from a saved index)
+        self._records: dict[str, Document] = {}  # chunk id -> chunk, in index order (FAISS's, for the default)
         self.last_ingest: dict[str, float] = {}
 
     def __len__(self) -> int:
-        return 0 if self.vectorstore is None else self.vectorstore.index.ntotal
+        return len(self._records)
 
     @property
     def ids(self) -> list[str]:
-        """Chunk ids in FAISS order."""
-        if self.vectorstore is None:
-            return []
-        mapping = self.vectorstore.index_to_docstore_id
-        return [mapping[i] for i in range(len(mapping))]
+        """Chunk ids in index order."""
+        return list(self._records)
 
     @property
     def documents(self) -> list[Document]:
-        """The indexed chunks, in FAISS order."""
-        store = self.vectorstore.docstore._dict if self.vectorstore is not None else {}
-        return [store[i] for i in self.ids]
+        """The indexed chunks, in index order."""
+        return list(self._records.values())
+
+    @property
+    def vectorstore_name(self) -> str:
+        """What the manifest records of where the vectors live: "faiss", or the user's store's "module:Class"."""
+        return _vectorstore_name(self.user_vectorstore)
 
     # ------------------------------------------------------------------ ingest
     def split(self, documents: Sequence[Document]) -> list[Document]:
@@ -227,7 +244,7 @@ class NuggetIndex:
         return chunks
 
     def ingest(self, documents: Iterable[Document]) -> int:
-        """Split, compress into the nugget store and index in FAISS; returns the number of new chunks.
+        """Split, compress into the nugget store and add to the vector store; returns the number of new chunks.
 
         Chunks whose id is already indexed are skipped (re-ingesting a text adds nothing). Each batch is
         compressed before it is indexed, so every indexed chunk has its nuggets in the store.
@@ -248,7 +265,7 @@ class NuggetIndex:
                 batch = todo[start : start + self.batch_size]
                 compressed = self.compressor.invoke(batch)
                 vectors = self.embeddings.embed_documents([d.page_content for d in compressed])
-                self._add(compressed, vectors)
+                self.add_chunks(compressed, vectors)
                 tokens += sum(d.metadata[METADATA_KEY]["n_tokens"] for d in compressed)
                 bar.update(len(batch))
                 bar.set_postfix_str(f"{tokens / (time.perf_counter() - started):.0f} tokens/s", refresh=False)
@@ -261,15 +278,58 @@ class NuggetIndex:
                  self.last_ingest)
         return len(todo)
 
-    def _add(self, docs: Sequence[Document], vectors: Sequence[Sequence[float]]) -> None:
+    def add_chunks(self, docs: Sequence[Document], vectors: Sequence[Sequence[float]]) -> None:
+        """Add split, compressed chunks (each with its id) and their vectors from `embeddings` to the vector store
+        and the records. A vector store that takes vectors (`add_embeddings`, as FAISS) is given them; any other
+        embeds the chunks itself, with the same embeddings. A first add checks the store's dimension, where the
+        store tells it, against the vectors'."""
         if not docs:
             return
+        if self.dimension is None:
+            self._check_dimension(len(vectors[0]))
         if self.vectorstore is None:
             self.vectorstore = self._new_vectorstore(faiss.IndexFlatL2(len(vectors[0])), {}, {})
-        self.vectorstore.add_embeddings(
-            [(d.page_content, v) for d, v in zip(docs, vectors)], metadatas=[d.metadata for d in docs],
-            ids=[d.id for d in docs],
-        )
+        ids = [d.id for d in docs]
+        add_embeddings = getattr(self.vectorstore, "add_embeddings", None)
+        if callable(add_embeddings):
+            add_embeddings([(d.page_content, list(v)) for d, v in zip(docs, vectors)],
+                           metadatas=[d.metadata for d in docs], ids=ids)
+        else:
+            self.vectorstore.add_documents(list(docs), ids=ids)
+        self._records.update(zip(ids, docs))
+
+    def _check_dimension(self, dimension: int) -> None:
+        stored = _store_dimension(self.vectorstore)
+        if stored is not None and stored != dimension:
+            raise ValueError(
+                f"the vector store ({type(self.vectorstore).__name__}) holds vectors of dimension {stored}, but the "
+                f"embeddings ({self.embedding_model}) make vectors of dimension {dimension}; give a store made for "
+                f"dimension {dimension} (a new collection or table), or the embeddings it was built with")
+        self.dimension = dimension
+
+    def delete(self, ids: Sequence[str]) -> int:
+        """Remove the chunks `ids` from the vector store and the records; returns how many were removed.
+
+        Their nuggets stay in the store (other chunks, and other indexes, may share them): `prune` removes the
+        states no index references. Nothing is removed when an id is not in the index, or when the vector store
+        cannot delete."""
+        ids = list(dict.fromkeys(ids))
+        unknown = [i for i in ids if i not in self._records]
+        if unknown:
+            raise ValueError(f"{len(unknown)} of the ids to delete are not in the index, e.g. {unknown[0]!r}; "
+                             "nothing was deleted (index.ids lists the chunks)")
+        if not ids:
+            return 0
+        if type(self.vectorstore).delete is VectorStore.delete:
+            raise ValueError(f"the vector store ({type(self.vectorstore).__name__}) cannot delete by id (it does not "
+                             "implement VectorStore.delete); nothing was deleted. Use a store that can, or ingest "
+                             "the documents to keep into a new index")
+        if self.vectorstore.delete(ids) is False:
+            raise ValueError(f"the vector store ({type(self.vectorstore).__name__}) refused to delete {len(ids)} "
+                             "chunks; the index's records were left as they were")
+        for i in ids:
+            del self._records[i]
+        return len(ids)
 
     def _new_vectorstore(self, index: Any, docs: dict[str, Document], mapping: dict[int, str]) -> FAISS:
         # L2 distance between unit vectors ranks as cosine similarity, for any embeddings
@@ -280,7 +340,7 @@ class NuggetIndex:
     def as_retriever(self, k: int = 4, **kwargs: Any) -> NuggetRetriever:
         """A retriever of the `k` most similar chunks (add `| compressor` to read their nuggets); `kwargs` are
         NuggetRetriever's (search_type, search_kwargs, tags, ...)."""
-        if self.vectorstore is None:
+        if self.vectorstore is None or not len(self):
             raise ValueError("the index is empty: ingest documents first")
         tags = kwargs.pop("tags", None) or [type(self.vectorstore).__name__, type(self.embeddings).__name__]
         return NuggetRetriever(vectorstore=self.vectorstore, k=k, tags=tags, **kwargs)
@@ -291,8 +351,9 @@ class NuggetIndex:
         return {
             "format": INDEX_FORMAT,
             "embedding_model": self.embedding_model,
-            "dimension": None if self.vectorstore is None else self.vectorstore.index.d,
-            "distance": "l2 over unit vectors (cosine ranking)",
+            "dimension": self.dimension,
+            "vectorstore": self.vectorstore_name,
+            "distance": "l2 over unit vectors (cosine ranking)" if self.user_vectorstore is None else "the store's",
             "count": len(self),
             "nugget_model": model.base_name,
             "nugget_fingerprint": self.compressor.fingerprint,
@@ -307,8 +368,10 @@ class NuggetIndex:
         """Write the index, its chunks and (if they live elsewhere) their nuggets into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if not _keeps_store(self.compressor.store, directory / NUGGETS_DIR):
-            self._copy_nuggets(NuggetStore(directory=directory / NUGGETS_DIR))
+        nuggets = self.compressor.store
+        if not _keeps_store(nuggets, directory / NUGGETS_DIR):
+            nuggets = NuggetStore(directory=directory / NUGGETS_DIR)
+            self._copy_nuggets(nuggets)
         replaced = _saved_files(directory)
         docs = [{"id": d.id, "page_content": d.page_content, "metadata": d.metadata} for d in self.documents]
         try:  # serialised before anything is written: a chunk's metadata that JSON cannot hold fails here
@@ -318,13 +381,15 @@ class NuggetIndex:
             raise ValueError(f"the index cannot be saved: a chunk's metadata is not JSON ({err}); nothing was "
                              f"written to {directory}") from err
         files = {"docstore": _write_content(directory, "docstore", ".json", docstore)}
-        if self.vectorstore is not None:
+        if self.user_vectorstore is None and self.vectorstore is not None:
             vectors = faiss.serialize_index(self.vectorstore.index).tobytes()
             files["faiss"] = _write_content(directory, "index", ".faiss", vectors)
         _write_json(directory / MANIFEST_FILE, {**self.manifest(), "files": files})  # the commit
         fsync_directory(directory)
         for name in replaced - {f["name"] for f in files.values()}:
             (directory / name).unlink(missing_ok=True)
+        if nuggets.redis is not None:  # a store other indexes share: what prune keeps (integrations/prune.py)
+            nuggets.register_index(index_location(directory))
         return directory
 
     def _copy_nuggets(self, target: NuggetStore) -> None:
@@ -348,14 +413,21 @@ class NuggetIndex:
         """Open a saved index; the compressor reads and writes nuggets in `directory/nuggets`, or in the Redis store
         it has (`NuggetStore.from_redis`) when the index was saved with its nuggets there.
 
+        An index whose vectors live in the user's vector store opens with that store (`vectorstore=` in `kwargs`,
+        whose embeddings it takes when `embeddings` is None).
+
         Raises FileNotFoundError or IndexFileError naming a missing or damaged file, and ValueError when
-        `embeddings` are not the model the index was built with, or the compressor's store is not the index's.
+        `embeddings` are not the model the index was built with, the compressor's store is not the index's, or the
+        vector store is not the one the index was built into.
         """
         directory = Path(directory)
         manifest = _read_json(directory / MANIFEST_FILE)
         if manifest.get("format") != INDEX_FORMAT:
             raise IndexFileError(f"{directory / MANIFEST_FILE} has format {manifest.get('format')!r}, "
                                  f"expected {INDEX_FORMAT!r}")
+        vectorstore = kwargs.get("vectorstore")
+        _check_vectorstore(directory, manifest, vectorstore)
+        embeddings = _store_embeddings(vectorstore, embeddings)
         built_with = manifest.get("embedding_model")
         if embeddings is None:
             if built_with != MINILM_NAME:
@@ -399,15 +471,22 @@ class NuggetIndex:
                         "recomputed when read", store_dir, manifest.get("nugget_model"), manifest.get("ratio"))
         if not manifest.get("count"):
             return index
-        index.vectorstore = index._load_vectorstore(directory, manifest)
+        docs, order = read_records(directory, manifest)
+        index.dimension = manifest.get("dimension")
+        if index.user_vectorstore is None:
+            index.vectorstore = index._load_faiss(directory, manifest, docs, order)
+        else:
+            _check_holds(index.user_vectorstore, directory, order)
+        index._records = {i: docs[i] for i in order}
         return index
 
-    def _load_vectorstore(self, directory: Path, manifest: dict[str, Any]) -> FAISS:
+    def _load_faiss(self, directory: Path, manifest: dict[str, Any], docs: dict[str, Document],
+                    order: list[str]) -> FAISS:
         files = _data_files(manifest, directory)
-        if not {"faiss", "docstore"} <= set(files):
+        if "faiss" not in files:
             raise IndexFileError(f"{directory / MANIFEST_FILE} counts {manifest.get('count')} chunks but names no "
-                                 "FAISS file or docstore; ingest the documents again into a new directory")
-        faiss_path, docstore_path = directory / files["faiss"]["name"], directory / files["docstore"]["name"]
+                                 "FAISS file; ingest the documents again into a new directory")
+        faiss_path = directory / files["faiss"]["name"]
         vectors = _read_content(faiss_path, files["faiss"].get("sha256"))
         try:
             index = faiss.deserialize_index(np.frombuffer(vectors, dtype=np.uint8))
@@ -417,23 +496,11 @@ class NuggetIndex:
         if manifest.get("dimension") not in (None, index.d):
             raise IndexFileError(f"{faiss_path} holds vectors of dimension {index.d}, the manifest says "
                                  f"{manifest['dimension']}: the files do not belong together")
-        data = _parse_json(docstore_path, _read_content(docstore_path, files["docstore"].get("sha256")))
-        try:
-            docs = {d["id"]: Document(id=d["id"], page_content=d["page_content"], metadata=d["metadata"])
-                    for d in data["documents"]}
-            order = list(data["index_to_docstore_id"])
-        except (KeyError, TypeError) as err:
-            raise IndexFileError(f"{docstore_path} is malformed (missing {err}); "
-                                 "ingest the documents again into a new directory") from err
-        if not index.ntotal == len(order) == manifest.get("count"):
-            raise IndexFileError(
-                f"{faiss_path} holds {index.ntotal} vectors, {docstore_path} maps {len(order)} and "
-                f"{directory / MANIFEST_FILE} counts {manifest.get('count')}: the files do not belong together"
-            )
-        missing = [i for i in order if i not in docs]
-        if missing:
-            raise IndexFileError(f"{docstore_path} maps chunk ids it does not hold, e.g. {missing[0]}")
-        return self._new_vectorstore(index, docs, dict(enumerate(order)))
+        if index.ntotal != len(order):
+            raise IndexFileError(f"{faiss_path} holds {index.ntotal} vectors, the docstore maps {len(order)}: the "
+                                 "files do not belong together")
+        self.dimension = index.d
+        return self._new_vectorstore(index, dict(docs), dict(enumerate(order)))
 
     @classmethod
     def open(cls, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings | None = None,
@@ -511,6 +578,99 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
     """The manifest of the index saved in `directory` (its settings: r, chunking, embeddings), or None if none."""
     path = Path(directory) / MANIFEST_FILE
     return _read_json(path) if path.exists() else None
+
+
+def read_records(directory: str | Path, manifest: dict[str, Any]) -> tuple[dict[str, Document], list[str]]:
+    """The chunks saved in `directory` (id -> Document) and their ids in index order, checked against `manifest`."""
+    directory = Path(directory)
+    files = _data_files(manifest, directory)
+    if "docstore" not in files:
+        raise IndexFileError(f"{directory / MANIFEST_FILE} counts {manifest.get('count')} chunks but names no "
+                             "docstore; ingest the documents again into a new directory")
+    docstore_path = directory / files["docstore"]["name"]
+    data = _parse_json(docstore_path, _read_content(docstore_path, files["docstore"].get("sha256")))
+    try:
+        docs = {d["id"]: Document(id=d["id"], page_content=d["page_content"], metadata=d["metadata"])
+                for d in data["documents"]}
+        order = list(data["index_to_docstore_id"])
+    except (KeyError, TypeError) as err:
+        raise IndexFileError(f"{docstore_path} is malformed (missing {err}); "
+                             "ingest the documents again into a new directory") from err
+    if len(order) != manifest.get("count"):
+        raise IndexFileError(f"{docstore_path} maps {len(order)} chunks and {directory / MANIFEST_FILE} counts "
+                             f"{manifest.get('count')}: the files do not belong together")
+    missing = [i for i in order if i not in docs]
+    if missing:
+        raise IndexFileError(f"{docstore_path} maps chunk ids it does not hold, e.g. {missing[0]}")
+    return docs, order
+
+
+def index_location(directory: str | Path) -> str:
+    """"HOST:PATH": how a nugget store names an index saved over it (NuggetStore.register_index)."""
+    return f"{socket.gethostname()}:{Path(directory).resolve()}"
+
+
+def _vectorstore_name(vectorstore: VectorStore | None) -> str:
+    if vectorstore is None:
+        return DEFAULT_VECTORSTORE
+    return f"{type(vectorstore).__module__}:{type(vectorstore).__qualname__}"
+
+
+def _store_embeddings(vectorstore: VectorStore | None, embeddings: Embeddings | None) -> Embeddings | None:
+    """The embeddings of an index over `vectorstore`: the store's own (`embeddings`, when given, must be the same
+    model)."""
+    own = vectorstore.embeddings if vectorstore is not None else None
+    if own is None:
+        return embeddings
+    if embeddings is not None and embedding_name(embeddings) != embedding_name(own):
+        raise ValueError(f"the vector store ({type(vectorstore).__name__}) embeds with {embedding_name(own)!r}, but "
+                         f"embeddings={embedding_name(embeddings)!r} were given; give the store the index's "
+                         "embeddings, or leave embeddings out (the store's are used)")
+    return own
+
+
+def _store_dimension(vectorstore: VectorStore | None) -> int | None:
+    """The dimension of the vectors `vectorstore` holds or was made for, where it tells: a FAISS index's `d`, a
+    `embedding_length` or `dimension` setting (PGVector, ...), or an InMemoryVectorStore's first vector."""
+    if vectorstore is None:
+        return None
+    if isinstance(vectorstore, InMemoryVectorStore):
+        first = next(iter(vectorstore.store.values()), None)
+        return None if first is None else len(first["vector"])
+    found = getattr(getattr(vectorstore, "index", None), "d", None)
+    for name in ("embedding_length", "dimension"):
+        found = found if found is not None else getattr(vectorstore, name, None)
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
+def _check_vectorstore(directory: Path, manifest: dict[str, Any], vectorstore: VectorStore | None) -> None:
+    """Refuse a vector store that is not the one the saved index was built into (or one for an index with its own
+    FAISS files)."""
+    saved, given = manifest.get("vectorstore", DEFAULT_VECTORSTORE), _vectorstore_name(vectorstore)
+    if saved == given or (saved == DEFAULT_VECTORSTORE and not manifest.get("count")):
+        return
+    if saved == DEFAULT_VECTORSTORE:
+        raise ValueError(f"the index in {directory} keeps its vectors in its own FAISS files, not in a {given}; open "
+                         "it without a vector store, or ingest into a new index directory to use that store")
+    if vectorstore is None:
+        raise ValueError(f"the index in {directory} keeps its vectors in the vector store {saved}; open it with that "
+                         "store (vectorstore=..., --vectorstore on the command line), as it was ingested")
+    raise ValueError(f"the index in {directory} keeps its vectors in the vector store {saved}, not in a {given}; "
+                     "open it with the store it was ingested into")
+
+
+def _check_holds(vectorstore: VectorStore, directory: Path, order: list[str]) -> None:
+    """Refuse a vector store that lacks the saved index's chunks (a new, empty one), where it can look them up."""
+    sample = list(dict.fromkeys(order[:: max(1, len(order) // 8)] + order[-1:]))
+    try:
+        found = {d.id for d in vectorstore.get_by_ids(sample)}
+    except NotImplementedError:
+        return
+    missing = [i for i in sample if i not in found]
+    if missing:
+        raise ValueError(f"the vector store ({type(vectorstore).__name__}) lacks chunks of the index in {directory} "
+                         f"({len(missing)} of {len(sample)} looked up, e.g. {missing[0]}); open the index with the "
+                         "store (its collection, table or settings) it was ingested into")
 
 
 def _is_store_at(store: NuggetStore, directory: Path) -> bool:
@@ -635,5 +795,6 @@ def source_label(metadata: dict[str, Any]) -> str:
 
 __all__: list[str] = [
     "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings", "build_qa_chain", "chunk_id",
-    "embedding_name", "load_compressor", "minilm_embeddings", "read_manifest", "source_label",
+    "embedding_name", "index_location", "load_compressor", "minilm_embeddings", "read_manifest", "read_records",
+    "source_label",
 ]

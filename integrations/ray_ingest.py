@@ -8,7 +8,8 @@ The driver reads the input (files and folders as `nugget-rag ingest` does, Docum
 with `ActorPoolStrategy`). Each actor loads its model once (`ModelLoader`), refuses to start when the model's
 fingerprint is not the driver's (so a store never mixes models), splits its documents as `NuggetIndex.split` does,
 compresses the chunks straight into the shared store (Redis, or a directory every node sees) and embeds them. The
-driver puts the vectors and metadata into FAISS in the documents' order: the index a single-process ingest builds.
+driver puts the vectors and metadata into the index's vector store (its FAISS, or the user's own) in the documents'
+order: the index a single-process ingest builds.
 A state already in the store is read, never recomputed: a rerun after a crash computes only what is missing, and a
 killed worker is restarted by Ray, which retries its batch.
 """
@@ -197,7 +198,7 @@ def ingest_distributed(
             new[chunk.id] = (chunk, vector)
     todo = list(new.values())
     for start in range(0, len(todo), 1024):
-        index._add([c for c, _ in todo[start : start + 1024]], [v for _, v in todo[start : start + 1024]])
+        index.add_chunks([c for c, _ in todo[start : start + 1024]], [v for _, v in todo[start : start + 1024]])
     indexed = sum(int(r.known) for r in results)
     index.last_ingest = {
         "documents": len(results), "chunks": len(chunks) + indexed, "added": len(todo),

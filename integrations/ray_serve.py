@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nugget_rag.compressor import NuggetCompressor
@@ -43,6 +44,7 @@ from .ray_ingest import (
     connect,
     ingest_distributed,
 )
+from .vectorstores import VectorStoreSpec
 
 try:
     import ray
@@ -98,7 +100,8 @@ class RayServeOptions(BaseModel):
 
 class ReplicaSpec(BaseModel):
     """What each replica loads: the model, the driver compressor's settings and fingerprint, the store, the index
-    directory and embeddings, create_app's arguments, and how its ingests run."""
+    directory, embeddings and vector store (None: the index's own FAISS), create_app's arguments, and how its
+    ingests run."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -109,6 +112,7 @@ class ReplicaSpec(BaseModel):
     store: StoreLocation
     index_dir: str
     embeddings: Embeddings
+    vectorstore: VectorStoreSpec | None = None
     app: dict[str, Any]
     threads: int = Field(1, ge=1)
     ingest: RayIngestOptions
@@ -119,8 +123,10 @@ class SharedIndex:
     """The index saved in a directory that other processes update: each use reads the one saved last (the manifest's
     stat tells; it is replaced whole on every save). Otherwise a NuggetIndex, on one compressor throughout."""
 
-    def __init__(self, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings):
+    def __init__(self, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings,
+                 vectorstore: VectorStore | None = None):
         self.directory, self.compressor, self.embeddings = Path(directory), compressor, embeddings
+        self.user_vectorstore = vectorstore
         self._lock = threading.Lock()
         self._stamp: tuple | None = ()
         self._index: NuggetIndex | None = None
@@ -144,7 +150,8 @@ class SharedIndex:
     def _load(self) -> NuggetIndex:
         for attempt in range(3):  # a save may delete the files the manifest read a moment ago named
             try:
-                index = NuggetIndex.open(self.directory, self.compressor, self.embeddings)
+                index = NuggetIndex.open(self.directory, self.compressor, self.embeddings,
+                                         vectorstore=self.user_vectorstore)
                 break
             except (FileNotFoundError, IndexFileError):
                 if attempt == 2:
@@ -175,7 +182,8 @@ class NuggetReplica:
                 f"not the driver's (fingerprint {spec.fingerprint}); load the driver's checkpoint, base model and "
                 "dtype on every node (--checkpoint/--base-model)")
         self.spec = spec
-        self.index = SharedIndex(spec.index_dir, compressor, spec.embeddings)
+        vectorstore = None if spec.vectorstore is None else spec.vectorstore.build(spec.embeddings)
+        self.index = SharedIndex(spec.index_dir, compressor, spec.embeddings, vectorstore)
         self.name = serve.get_replica_context().replica_id.unique_id
 
     def ingest(self, documents: list[Document]) -> int:
@@ -183,7 +191,8 @@ class NuggetReplica:
         index, options = self.index.current(), self.spec.ingest
         free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
         workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
-        settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap}
+        settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
+                    "vectorstore": self.index.user_vectorstore}
         with NuggetIndex.updating(self.spec.index_dir, self.index.compressor, self.spec.embeddings,
                                   **settings) as updated:
             added = ingest_distributed(updated, documents, options.model_copy(update={"workers": workers}),
@@ -228,7 +237,7 @@ def check_index_model(index_dir: str | Path, compressor: NuggetCompressor) -> No
 
 def replica_spec(index_dir: str | Path, compressor: NuggetCompressor, embeddings: Embeddings,
                  options: RayServeOptions, model: ModelLoader | Callable[[], NuggetModel],
-                 app: dict[str, Any]) -> ReplicaSpec:
+                 app: dict[str, Any], vectorstore: VectorStoreSpec | None = None) -> ReplicaSpec:
     """What each replica loads, for the driver's compressor (its store must be one the replicas reach)."""
     if isinstance(model, ModelLoader) and model.dtype is None:
         model = model.model_copy(update={"dtype": str(compressor.model.dtype).removeprefix("torch.")})
@@ -237,20 +246,21 @@ def replica_spec(index_dir: str | Path, compressor: NuggetCompressor, embeddings
         load_model=model, settings={name: getattr(compressor, name) for name in COMPRESSOR_SETTINGS},
         weights=compressor.model.merged_format, fingerprint=compressor.fingerprint,
         store=StoreLocation.of(compressor.store), index_dir=str(Path(index_dir).resolve()), embeddings=embeddings,
-        app=app, threads=threads,
+        vectorstore=vectorstore, app=app, threads=threads,
         ingest=RayIngestOptions(cpus_per_worker=options.cpus_per_replica,
                                 gpus_per_worker=options.gpus_per_replica, threads_per_worker=threads))
 
 
 def serve_index(index_dir: str | Path, compressor: NuggetCompressor, embeddings: Embeddings,
                 options: RayServeOptions, model: ModelLoader | Callable[[], NuggetModel] | None = None,
-                **app: Any) -> str:
+                vectorstore: VectorStoreSpec | None = None, **app: Any) -> str:
     """Serve the index in `index_dir` from replicas on the Ray cluster (create_app's keyword arguments in `app`,
-    but its index and index_dir); returns the URL. Refused before any replica starts: an index of another model, a
-    store the replicas cannot reach, an unreachable cluster. Returns once the replicas answer; `serve.delete(APP_NAME)`
-    stops them."""
+    but its index and index_dir); `vectorstore`: the user's vector store each replica builds and reads (one they
+    all reach: a server, not memory), None for the index's own FAISS; returns the URL. Refused before any replica
+    starts: an index of another model, a store the replicas cannot reach, an unreachable cluster. Returns once the
+    replicas answer; `serve.delete(APP_NAME)` stops them."""
     check_index_model(index_dir, compressor)
-    spec = replica_spec(index_dir, compressor, embeddings, options, model or ModelLoader(), app)
+    spec = replica_spec(index_dir, compressor, embeddings, options, model or ModelLoader(), app, vectorstore)
     connect(options.address)
     if spec.store.directory is not None and len(ray.nodes()) > 1:
         log.warning("the nuggets are in the directory %s: every node must see it (a shared filesystem), else use a "

@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel
 from tqdm.auto import tqdm
 
@@ -34,10 +35,12 @@ class RefloorReport(BaseModel):
 
 
 def refloor(directory: str | Path, compressor: NuggetCompressor, keep_ratio: float,
-            embeddings: Embeddings | None = None, show_progress: bool = False) -> RefloorReport:
-    """Cut the stored states of the index in `directory` to the floor `keep_ratio` (coarser than its own)."""
+            embeddings: Embeddings | None = None, show_progress: bool = False,
+            vectorstore: VectorStore | None = None) -> RefloorReport:
+    """Cut the stored states of the index in `directory` to the floor `keep_ratio` (coarser than its own);
+    `vectorstore`: the user's store the index keeps its vectors in (None: its own FAISS)."""
     new_floor = NuggetConfig(ratio=keep_ratio).ratio
-    with NuggetIndex.updating(directory, compressor, embeddings) as index:  # the lock is held until the save
+    with NuggetIndex.updating(directory, compressor, embeddings, vectorstore=vectorstore) as index:  # the lock is held until the save
         old = index.compressor
         if new_floor < old.keep_ratio:
             raise ValueError(f"the index in {directory} keeps nuggets down to r = {old.keep_ratio:g}; a floor of "

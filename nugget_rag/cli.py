@@ -3,6 +3,7 @@
     nugget-rag ingest docs/ notes.md corpus.jsonl --index my-index
     nugget-rag ingest corpus/ --index my-index --store redis://head:6379/0 --ray head:6379
     nugget-rag ask "How do I parse JSON?" --index my-index
+    nugget-rag prune --index my-index
     nugget-rag inspect README.md --html nuggets.html
     nugget-rag train --config configs/recipe-r10.yaml
     nugget-rag eval --tasks squad --ratios 10 --limit 20
@@ -23,11 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
 
 from .cli_options import (
     UserError,
     add_checkpoint_option,
     add_store_option,
+    add_vectorstore_option,
     add_verbose_option,
     add_weights_option,
     positive_float,
@@ -42,6 +45,7 @@ from .resolution import RESOLUTIONS
 
 if TYPE_CHECKING:
     from .integrations.ray_ingest import RayIngestOptions
+    from .integrations.vectorstores import VectorStoreSpec
     from .model import NuggetModel
 
 log = logging.getLogger("nugget_rag.cli")
@@ -88,6 +92,23 @@ def load_embeddings(args: argparse.Namespace) -> Embeddings:
     return minilm_embeddings(device=args.device)
 
 
+def vectorstore_spec(args: argparse.Namespace) -> VectorStoreSpec | None:
+    """--vectorstore and --vectorstore-kwargs: the user's vector store to build, or None (the index's own FAISS)."""
+    from .integrations.vectorstores import VectorStoreSpec
+
+    if args.vectorstore is None:
+        if args.vectorstore_kwargs:
+            raise UserError("--vectorstore-kwargs are the settings of a --vectorstore MODULE:NAME; name the store")
+        return None
+    return VectorStoreSpec(target=args.vectorstore, kwargs=args.vectorstore_kwargs)
+
+
+def load_vectorstore(args: argparse.Namespace, embeddings: Embeddings) -> VectorStore | None:
+    """The vector store --vectorstore names, built with `embeddings`; None: the index's own FAISS."""
+    spec = vectorstore_spec(args)
+    return None if spec is None else spec.build(embeddings)
+
+
 # ---------------------------------------------------------------------------------------------- commands
 def cmd_ingest(args: argparse.Namespace) -> int:
     from .integrations import NuggetIndex, load_documents, read_manifest
@@ -117,7 +138,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         options["chunk_tokens"] = args.chunk_tokens
     if args.chunk_overlap is not None:
         options["chunk_overlap"] = args.chunk_overlap
-    with NuggetIndex.updating(args.index, compressor, load_embeddings(args), **options) as index:
+    embeddings = load_embeddings(args)
+    options["vectorstore"] = load_vectorstore(args, embeddings)
+    with NuggetIndex.updating(args.index, compressor, embeddings, **options) as index:
         if args.ray is None:
             added = index.ingest(docs)
         else:
@@ -164,7 +187,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     args.ratio = _manifest(args.index).get("ratio")  # read the nuggets the index was built with
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
     set_decoder_weights(compressor, args)
-    index = NuggetIndex.load(args.index, compressor, load_embeddings(args))
+    embeddings = load_embeddings(args)
+    index = NuggetIndex.load(args.index, compressor, embeddings, vectorstore=load_vectorstore(args, embeddings))
     if not len(index):
         raise UserError(f"the index in {args.index} is empty; ingest documents into it first")
     llm = NuggetLLM(compressor=index.compressor, max_new_tokens=args.max_new_tokens)
@@ -238,7 +262,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
     compressor.text_states = args.text_states
     set_decoder_weights(compressor, args)
-    index = NuggetIndex.open(args.index, compressor, load_embeddings(args))
+    embeddings, spec = load_embeddings(args), vectorstore_spec(args)
+    index = NuggetIndex.open(args.index, compressor, embeddings,
+                             vectorstore=None if spec is None else spec.build(embeddings))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     settings = {"max_pending": args.max_pending, "max_body_bytes": args.max_body_bytes, "max_batch": args.max_batch,
                 "request_timeout_s": args.request_timeout, "api_key": key,
@@ -255,7 +281,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                   gpus_per_replica=args.gpus_per_replica or 0.0,
                                   graceful_shutdown_timeout_s=args.request_timeout)
         url = serve_index(args.index, index.compressor, index.embeddings, options, model=ray_model_loader(args),
-                          **settings)
+                          vectorstore=spec, **settings)
         scale = f"{replicas[0]} to {replicas[1]} replicas" if replicas[1] else f"{replicas[0]} replicas"
         print(f"serving {args.index} ({len(index)} chunks) on {url} from {scale} on Ray"
               f"{' (API key required)' if key else ''}", flush=True)
@@ -277,8 +303,10 @@ def cmd_refloor(args: argparse.Namespace) -> int:
     manifest = _manifest(args.index)
     args.ratio = manifest.get("ratio")
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+    embeddings = load_embeddings(args)
     try:
-        report = refloor(args.index, compressor, args.keep_ratio, load_embeddings(args), show_progress=not args.quiet)
+        report = refloor(args.index, compressor, args.keep_ratio, embeddings, show_progress=not args.quiet,
+                         vectorstore=load_vectorstore(args, embeddings))
     except ValueError as err:
         raise UserError(str(err)) from None
     if report.new_floor == report.old_floor:
@@ -288,6 +316,26 @@ def cmd_refloor(args: argparse.Namespace) -> int:
     print(f"Re-floored {report.refloored} of {report.chunks} chunks in {args.index} from r = {report.old_floor:g} to "
           f"r = {report.new_floor:g}: {report.bytes_before / 2**20:.1f} MiB -> {report.bytes_after / 2**20:.1f} MiB"
           f"{shrink}; {report.missing} not in the store are compressed when first read")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from .integrations import prune
+    from .integrations.faiss_store import NUGGETS_DIR
+    from .store import NuggetStore
+
+    saved = _manifest(args.index).get("nugget_store", "directory")
+    if saved.startswith("redis") and not args.store:
+        raise UserError(f"the index in {args.index} keeps its nuggets in Redis ({saved}); give that --store URL")
+    if args.store and not saved.startswith("redis"):
+        raise UserError(f"the index in {args.index} keeps its nuggets in {args.index / NUGGETS_DIR}, not in Redis; "
+                        "leave out --store")
+    store = NuggetStore.from_redis(args.store) if args.store else NuggetStore(directory=args.index / NUGGETS_DIR)
+    report = prune([args.index], store)
+    gone = f"; forgot {len(report.forgotten)} deleted indexes ({', '.join(report.forgotten)})" if report.forgotten else ""
+    print(f"Pruned the nugget store of {args.index}: removed {report.removed} states no index references "
+          f"({report.bytes_removed / 2**20:.1f} MiB); kept {report.kept} states of {len(report.indexes)} "
+          f"index(es){gone}")
     return 0
 
 
@@ -373,8 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     ingest = commands.add_parser("ingest", parents=[common], help="index and compress documents",
-                                 description="Split documents into chunks, index them in FAISS and compress their "
-                                             "nuggets into the index directory (appending to an existing index).")
+                                 description="Split documents into chunks, index them (in FAISS, or the "
+                                             "--vectorstore) and compress their nuggets into the index directory "
+                                             "(appending to an existing index).")
     ingest.add_argument("paths", nargs="+", metavar="PATH", help="text files, folders (recursively), JSONL files "
                                                                  "({\"text\", \"id\", \"title\", \"source\"} a line)")
     ingest.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory")
@@ -396,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
                         help="the model's dtype, on this machine and every Ray worker (default: float32 on a CPU)")
     add_store_option(ingest)
+    add_vectorstore_option(ingest)
     ingest.set_defaults(func=cmd_ingest)
 
     ask = commands.add_parser("ask", parents=[common], help="answer a question from an index",
@@ -411,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "the index's ratio), or a policy of nugget_rag.resolution with its defaults"))
     add_weights_option(ask)
     add_store_option(ask)
+    add_vectorstore_option(ask)
     ask.set_defaults(func=cmd_ask)
 
     serve = commands.add_parser("serve", parents=[common], help="serve an index over HTTP",
@@ -449,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --ray: GPUs each replica takes (default 0)")
     add_weights_option(serve)
     add_store_option(serve)
+    add_vectorstore_option(serve)
     serve.set_defaults(func=cmd_serve)
 
     refloor = commands.add_parser("refloor", parents=[common], help="keep fewer nuggets of each indexed chunk",
@@ -460,7 +512,18 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the new floor, coarser than the index's (e.g. 4, what the default policy reads)")
     refloor.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_store_option(refloor)
+    add_vectorstore_option(refloor)
     refloor.set_defaults(func=cmd_refloor)
+
+    prune = commands.add_parser("prune", help="remove stored nuggets no index references",
+                                description="Remove the nugget states in the index's store that no index over "
+                                            "that store references (after `delete`s, re-chunking, other models). "
+                                            "Every index saved over a shared --store is read and kept; one "
+                                            "another host holds makes prune refuse.")
+    prune.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory")
+    add_store_option(prune)
+    add_verbose_option(prune)
+    prune.set_defaults(func=cmd_prune)
 
     inspect = commands.add_parser("inspect", parents=[common], help="show which tokens become nuggets",
                                   description="Highlight the tokens the Scorer keeps as nuggets (Dodo paper, Fig. 7).")
@@ -513,4 +576,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["build_parser", "load_compressor", "load_embeddings", "main"]
+__all__ = ["build_parser", "load_compressor", "load_embeddings", "load_vectorstore", "main", "vectorstore_spec"]

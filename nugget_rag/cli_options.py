@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 from typing import get_args
@@ -83,6 +84,27 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", metavar="REDIS_URL",
                         help="keep the nuggets in this Redis (redis://HOST:PORT/DB, the [redis] extra), shared by "
                              "every machine that reaches it; default: DIR/nuggets")
+
+
+def json_object(value: str) -> dict:
+    """A JSON object, e.g. --vectorstore-kwargs '{"collection_name": "docs"}'."""
+    try:
+        found = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err.msg} at character {err.pos}): {value!r}") from None
+    if not isinstance(found, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object ({{\"name\": value, ...}}): {value!r}")
+    return found
+
+
+def add_vectorstore_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vectorstore", metavar="MODULE:NAME",
+                        help="keep the chunks' vectors in this LangChain vector store: a VectorStore class, or a "
+                             "function returning one, called with --vectorstore-kwargs and the embeddings (e.g. "
+                             "langchain_chroma:Chroma); default: the index's own FAISS. An index ingested into one is "
+                             "opened with it again (ask, serve, refloor)")
+    parser.add_argument("--vectorstore-kwargs", type=json_object, default={}, metavar="JSON",
+                        help="the vector store's settings, a JSON object (e.g. '{\"collection_name\": \"docs\"}')")
 
 
 def add_verbose_option(parser: argparse.ArgumentParser) -> None:

@@ -280,7 +280,7 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                max_body_bytes: int = 1 << 20, max_batch: int = 8, request_timeout_s: float = 600,
                api_key: str | None = None, max_ingest_documents: int = 100,
                ingest_documents: Callable[[list[Document]], int] | None = None):
-    """The server (an ASGI app) over a loaded `NuggetIndex` (its compressor, store and FAISS index); `index_dir`:
+    """The server (an ASGI app) over a loaded `NuggetIndex` (its compressor, store and vector store); `index_dir`:
     the index's directory, which /ingest updates as `nugget-rag ingest` does (None: the index stays in memory);
     `request_timeout_s`: a request still under way after this long stops at its next step (504); `api_key`: the key every path
     but /health needs (None: none); `max_ingest_documents`: the most documents one /ingest or /compress request
@@ -501,9 +501,10 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                 compressor.invoke(index.split(docs))  # into the store, where index.ingest then finds them
             with index_lock:
                 return index.ingest(docs)
-        # a copy read under the directory's lock, from what is saved there: another process's updates stay
+        # a copy read under the directory's lock, from what is saved there: another process's updates stay (with
+        # the user's own vector store, which the copy shares, new chunks are searchable as each batch lands)
         settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
-                    "batch_size": index.batch_size}
+                    "batch_size": index.batch_size, "vectorstore": index.user_vectorstore}
         with NuggetIndex.updating(index_dir, compressor, index.embeddings, **settings) as updated:
             with cancellable(stop):  # cancelled, the copy is not saved
                 added = updated.ingest(docs)

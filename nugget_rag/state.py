@@ -155,6 +155,18 @@ class NuggetState:
         meta["digest"] = _digest(tensors, meta)
         return save_tensors(tensors, metadata=meta)
 
+    @staticmethod
+    def stored_fingerprint(data: bytes) -> str:
+        """The fingerprint a state's bytes name, read from their header alone (not verified: `from_bytes` does);
+        raises CorruptStateError when the bytes have no readable header."""
+        try:
+            fingerprint = _read_metadata(data)["fingerprint"]
+        except (ValueError, KeyError, UnicodeDecodeError) as err:
+            raise CorruptStateError(f"not a readable nugget state ({err!r})") from err
+        if not isinstance(fingerprint, str):
+            raise CorruptStateError(f"not a readable nugget state (fingerprint {fingerprint!r})")
+        return fingerprint
+
     @classmethod
     def from_bytes(cls, data: bytes) -> NuggetState:
         """Parse and verify; raises CorruptStateError on truncated, altered or foreign bytes."""

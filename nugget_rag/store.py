@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +27,8 @@ _HEX_KEY = re.compile(r"[0-9a-f][0-9a-f._-]*")  # NuggetStore's keys (sha256 dig
 ESCAPED_FOLDER = "keys"  # any other key, escaped; no hex shard has this name, nor ingest_jobs.py's jobs/
 _SAFE = frozenset(b"0123456789abcdefghijklmnopqrstuvwxyz_-")  # bytes an escaped name keeps as they are
 _ESCAPED_NAME = re.compile(r"=(?:[0-9a-z_-]|%[0-9a-f]{2})*")
+STATE_KEY = re.compile(r"[0-9a-f]{64}")  # a state's key: sha256(fingerprint, text)
+INDEXES_PREFIX = "indexes/"  # the indexes registered in a store (NuggetStore.register_index): what prune keeps
 MAX_NAME_BYTES = 240  # 255, a file name's limit on common file systems, less the temporary name's "~" and 8 more
 
 
@@ -209,6 +212,73 @@ class NuggetStore:
             except Exception as err:
                 raise StoreUnavailableError(f"could not delete {len(keys)} nugget states from {self._describe()}: "
                                             f"{err}") from err
+
+    # ------------------------------------------------------------------ the indexes over the store, and prune
+    def register_index(self, location: str) -> None:
+        """Record that the index at `location` ("HOST:PATH") keeps its chunks' states here (what `prune` keeps)."""
+        if self.byte_store is not None:
+            self.byte_store.mset([(self._index_key(location), json.dumps({"location": location}).encode())])
+
+    def forget_index(self, location: str) -> None:
+        """Forget the index at `location` (it was deleted): its states are no longer kept by `prune`."""
+        if self.byte_store is not None:
+            self.byte_store.mdelete([self._index_key(location)])
+
+    def indexes(self) -> list[str]:
+        """The locations ("HOST:PATH") of the indexes registered in this store."""
+        if self.byte_store is None:
+            return []
+        # filtered here: ByteStores read `prefix` differently (RedisStore's matches only the key equal to it)
+        keys = [key for key in self.byte_store.yield_keys() if key.startswith(INDEXES_PREFIX)]
+        found = []
+        for key, value in zip(keys, self.byte_store.mget(keys)):
+            try:
+                found.append(str(json.loads(value)["location"]))
+            except (TypeError, ValueError, KeyError) as err:
+                raise ValueError(f"the index record {key!r} in {self._describe()} is malformed ({err!r}); delete "
+                                 "it, then save each index over this store again") from err
+        return sorted(found)
+
+    def prune(self, texts: Iterable[str], fingerprints: Iterable[str] = ()) -> dict[str, int]:
+        """Delete every stored state that is not of one of `texts` (under the state's own fingerprint, any model or
+        floor); returns {"kept", "removed", "bytes_removed"}. States under `fingerprints` are checked by their key
+        alone; any other state is read for its fingerprint first. Entries that are not states are left alone; a
+        corrupt state (never used) is removed."""
+        texts = set(texts)
+        referenced: dict[str, set[str]] = {fp: {self.key(t, fp) for t in texts} for fp in fingerprints}
+        known = set().union(*referenced.values()) if referenced else set()
+        report = {"kept": 0, "removed": 0, "bytes_removed": 0}
+        if self.byte_store is None:
+            return report
+        stale = []
+        for key in list(self.byte_store.yield_keys()):
+            if not STATE_KEY.fullmatch(key):
+                continue
+            if key in known:
+                report["kept"] += 1
+                continue
+            data = self.byte_store.mget([key])[0]
+            if data is None:  # removed meanwhile
+                continue
+            try:
+                fingerprint = NuggetState.stored_fingerprint(data)
+            except CorruptStateError:
+                fingerprint = None
+            if fingerprint is not None and fingerprint not in referenced:
+                referenced[fingerprint] = {self.key(t, fingerprint) for t in texts}
+            if fingerprint is not None and key in referenced[fingerprint]:
+                report["kept"] += 1
+                continue
+            stale.append(key)
+            report["removed"] += 1
+            report["bytes_removed"] += len(data)
+        for start in range(0, len(stale), 256):
+            self.delete(stale[start : start + 256])
+        return report
+
+    @staticmethod
+    def _index_key(location: str) -> str:
+        return INDEXES_PREFIX + hashlib.sha256(location.encode()).hexdigest()[:32]
 
     def _get(self, key: str, fingerprint: str | None) -> NuggetState | None:
         with self._lock:

@@ -133,6 +133,27 @@ def test_a_foreign_value_under_a_state_key_is_corrupt_recomputed_and_overwritten
     assert NuggetStore.from_redis(server.url).get_by_key(key) is not None
 
 
+def test_prune_keeps_the_states_of_every_index_saved_over_the_store(server, tmp_path):
+    from langchain_core.documents import Document
+    from test_integrations import HashEmbeddings
+
+    from nugget_rag.integrations import NuggetIndex, prune
+
+    store = NuggetStore.from_redis(server.url)
+    compressor = tiny_compressor(store)
+    indexes = {}
+    for name, texts in (("a", TEXTS[:4]), ("b", TEXTS[2:])):  # TEXTS[2:4] in both
+        indexes[name] = NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=64)
+        indexes[name].ingest([Document(page_content=t, metadata={"source": t[:10]}) for t in texts])
+        indexes[name].save(tmp_path / name)
+    assert len(store.indexes()) == 2
+    indexes["a"].delete(indexes["a"].ids[:3])  # TEXTS[0:3]; b still holds TEXTS[2]
+    indexes["a"].save(tmp_path / "a")
+    report = prune([tmp_path / "a"], store)
+    assert (report.removed, report.kept, len(report.indexes)) == (2, 4, 2)
+    assert [store.get(t, compressor.fingerprint) is not None for t in TEXTS] == [False, False, True, True, True, True]
+
+
 def test_ingest_jobs_are_recorded_in_redis_for_every_server_over_it(server):
     pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
     from fastapi.testclient import TestClient

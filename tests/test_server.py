@@ -126,6 +126,21 @@ def test_ingest_then_ask_streams_the_answer_with_sources(client, tmp_path):
     assert client.get("/health").json()["chunks"] == 2
 
 
+def test_the_server_ingests_into_and_answers_from_the_users_vector_store(index, tmp_path):
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    vectors = InMemoryVectorStore(HashEmbeddings())
+    own = NuggetIndex(index.compressor, vectorstore=vectors, chunk_tokens=64, chunk_overlap=0)
+    with TestClient(create_app(own, tmp_path)) as client:
+        added = client.post("/ingest", json={"documents": [{"page_content": TEXTS[0], "metadata": {"source": "birds"}},
+                                                           TEXTS[1]]}).json()
+        assert added == {"added": 2, "chunks": 2} and len(vectors.store) == 2
+        assert json.loads((tmp_path / "index.json").read_text())["vectorstore"].endswith(":InMemoryVectorStore")
+        whole = client.post("/ask", json={"question": "What does the falcon do?", "k": 1, "max_new_tokens": 4,
+                                          "stream": False}).json()
+        assert whole["sources"][0]["id"] in vectors.store and whole["sources"][0]["source"] == "birds"
+
+
 def test_compress_returns_nugget_metadata(client):
     documents = client.post("/compress", json={"documents": TEXTS}).json()["documents"]
     assert [d["metadata"]["nuggets"]["n_tokens"] for d in documents] == [len(t) for t in TEXTS]
