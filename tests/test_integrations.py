@@ -30,7 +30,7 @@ from nugget_rag.integrations import (
     render_html,
     render_terminal,
 )
-from nugget_rag.integrations.faiss_store import MINILM_NAME
+from nugget_rag.integrations.embeddings import MINILM_NAME
 from nugget_rag.resolution import RetrieverRank
 from nugget_rag.scorer import select_nuggets
 
