@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from qa_over_folder import DEFAULT_TOPICS, pick_documents  # noqa: E402
 
 from nugget_rag.integrations import NuggetIndex, load_compressor, minilm_embeddings  # noqa: E402
-from nugget_rag.integrations.faiss_store import NUGGETS_DIR  # noqa: E402
+from nugget_rag.integrations.index_files import NUGGETS_DIR  # noqa: E402
 
 
 def main() -> int:

@@ -2,7 +2,8 @@
 
 from .chunking import chunk_id
 from .embeddings import SentenceTransformerEmbeddings, embedding_name, minilm_embeddings
-from .faiss_store import IndexFileError, NuggetIndex, NuggetRetriever, build_qa_chain, read_manifest, source_label
+from .faiss_store import NuggetIndex, NuggetRetriever, build_qa_chain, source_label
+from .index_files import IndexFileError, read_manifest
 from .loaders import DocumentLoadError, LoadReport, load_documents, load_jsonl, read_documents
 from .nugget_model import load_compressor
 from .prune import PruneReport, prune

@@ -1,26 +1,12 @@
 """An index of document chunks (FAISS, or any LangChain vector store) whose nuggets live beside it, and the LCEL QA
 chain over both.
 
-One directory holds everything (no pickle anywhere)::
-
-    index.json              manifest: embedding model, dimension, vector store, nugget model fingerprint, chunking,
-                            and the names and sha256 of the two files below
-    index-<sha>.faiss       the FAISS vectors (faiss.serialize_index); absent when the vectors live in the user's
-                            own vector store (`NuggetIndex(..., vectorstore=...)`)
-    docstore-<sha>.json     the chunks (id, page_content, metadata) in index order
-    nuggets/                the NuggetStore of the chunks (content-addressed NuggetStates)
-
-A save writes new content-named files, then replaces the manifest (the commit), then deletes the files the old
-manifest named: a crash at any point leaves the old or the new index, whole. Indexes saved before the manifest
-named its files (plain `index.faiss`, `docstore.json`) still load.
+Its files, and the lock its updates take turns under: index_files.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import socket
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,7 +21,6 @@ try:
 except ImportError as err:  # a core install: retrieval is an extra
     raise ImportError(f"{err.name} is not installed: nugget-rag's FAISS retrieval needs its [retrieval] extra "
                       "(pip install 'nugget-rag[retrieval]')") from err
-from filelock import FileLock, Timeout
 from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -48,13 +33,28 @@ from tqdm.auto import tqdm
 
 from nugget_rag.cancellation import check
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
-from nugget_rag.files import fsync_directory, write_atomic
 from nugget_rag.llm import NuggetLLM
 from nugget_rag.resolution import ResolutionPolicy, resolve_policy
-from nugget_rag.store import DirectoryByteStore, NuggetStore
+from nugget_rag.store import NuggetStore
 
 from .chunking import split_documents, token_splitter
 from .embeddings import MINILM_NAME, embedding_name, minilm_embeddings
+from .index_files import (
+    INDEX_FORMAT,
+    MANIFEST_FILE,
+    NUGGETS_DIR,
+    IndexFileError,
+    data_files,
+    encode_records,
+    index_location,
+    index_lock,
+    keeps_store,
+    read_content,
+    read_json,
+    read_records,
+    store_name,
+    write_index,
+)
 
 with warnings.catch_warnings():  # langchain-community announces its sunset on import
     warnings.simplefilter("ignore")
@@ -64,17 +64,7 @@ with warnings.catch_warnings():  # langchain-community announces its sunset on i
 
 log = logging.getLogger(__name__)
 
-INDEX_FORMAT = "nugget-rag/index-v1"
-MANIFEST_FILE = "index.json"
-LEGACY_FILES = {"faiss": {"name": "index.faiss"}, "docstore": {"name": "docstore.json"}}
-NUGGETS_DIR = "nuggets"
-LOCK_FILE = "index.lock"  # held by NuggetIndex.updating
-LOCK_POLL_S = 0.5  # how often a wait for another process's update checks whether its request was cancelled
 DEFAULT_VECTORSTORE = "faiss"  # the manifest's "vectorstore" for the index's own FAISS files
-
-
-class IndexFileError(ValueError):
-    """A file of a saved NuggetIndex is truncated, malformed or inconsistent with the others."""
 
 
 class NuggetIndex:
@@ -264,7 +254,7 @@ class NuggetIndex:
             "keep_ratio": self.compressor.keep_ratio,
             "chunk_tokens": self.chunk_tokens,
             "chunk_overlap": self.chunk_overlap,
-            "nugget_store": _store_name(self.compressor.store),
+            "nugget_store": store_name(self.compressor.store),
         }
 
     def save(self, directory: str | Path) -> Path:
@@ -272,25 +262,13 @@ class NuggetIndex:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         nuggets = self.compressor.store
-        if not _keeps_store(nuggets, directory / NUGGETS_DIR):
+        if not keeps_store(nuggets, directory / NUGGETS_DIR):
             nuggets = NuggetStore(directory=directory / NUGGETS_DIR)
             self._copy_nuggets(nuggets)
-        replaced = _saved_files(directory)
-        docs = [{"id": d.id, "page_content": d.page_content, "metadata": d.metadata} for d in self.documents]
-        try:  # serialised before anything is written: a chunk's metadata that JSON cannot hold fails here
-            docstore = json.dumps({"format": INDEX_FORMAT, "documents": docs, "index_to_docstore_id": self.ids},
-                                  ensure_ascii=False).encode()
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"the index cannot be saved: a chunk's metadata is not JSON ({err}); nothing was "
-                             f"written to {directory}") from err
-        files = {"docstore": _write_content(directory, "docstore", ".json", docstore)}
-        if self.user_vectorstore is None and self.vectorstore is not None:
-            vectors = faiss.serialize_index(self.vectorstore.index).tobytes()
-            files["faiss"] = _write_content(directory, "index", ".faiss", vectors)
-        _write_json(directory / MANIFEST_FILE, {**self.manifest(), "files": files})  # the commit
-        fsync_directory(directory)
-        for name in replaced - {f["name"] for f in files.values()}:
-            (directory / name).unlink(missing_ok=True)
+        docstore = encode_records(self.documents, self.ids, directory)  # before anything is written
+        own_faiss = self.user_vectorstore is None and self.vectorstore is not None
+        vectors = faiss.serialize_index(self.vectorstore.index).tobytes() if own_faiss else None
+        write_index(directory, self.manifest(), docstore, vectors)
         if nuggets.redis is not None:  # a store other indexes share: what prune keeps (integrations/prune.py)
             nuggets.register_index(index_location(directory))
         return directory
@@ -324,7 +302,7 @@ class NuggetIndex:
         vector store is not the one the index was built into.
         """
         directory = Path(directory)
-        manifest = _read_json(directory / MANIFEST_FILE)
+        manifest = read_json(directory / MANIFEST_FILE)
         if manifest.get("format") != INDEX_FORMAT:
             raise IndexFileError(f"{directory / MANIFEST_FILE} has format {manifest.get('format')!r}, "
                                  f"expected {INDEX_FORMAT!r}")
@@ -344,7 +322,7 @@ class NuggetIndex:
                 f"load it with {built_with!r}, or ingest into a new index directory to use {given!r}"
             )
         store_dir = directory / NUGGETS_DIR
-        saved_store, given_store = manifest.get("nugget_store", "directory"), _store_name(compressor.store)
+        saved_store, given_store = manifest.get("nugget_store", "directory"), store_name(compressor.store)
         if saved_store.startswith("redis") and saved_store != given_store:
             namespace = saved_store.partition(":")[2]
             raise ValueError(f"the nuggets of the index in {directory} live in Redis (namespace {namespace!r}); open it "
@@ -353,7 +331,7 @@ class NuggetIndex:
         if given_store.startswith("redis") and saved_store != given_store:
             raise ValueError(f"the index in {directory} keeps its nuggets in {saved_store}, not in Redis "
                              f"({given_store}); open it without the Redis store (no --store)")
-        if not _keeps_store(compressor.store, store_dir):
+        if not keeps_store(compressor.store, store_dir):
             compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
         floor = manifest.get("keep_ratio", 1.0)  # an index keeps the floor it was built with
         if compressor.keep_ratio != floor:
@@ -385,12 +363,12 @@ class NuggetIndex:
 
     def _load_faiss(self, directory: Path, manifest: dict[str, Any], docs: dict[str, Document],
                     order: list[str]) -> FAISS:
-        files = _data_files(manifest, directory)
+        files = data_files(manifest, directory)
         if "faiss" not in files:
             raise IndexFileError(f"{directory / MANIFEST_FILE} counts {manifest.get('count')} chunks but names no "
                                  "FAISS file; ingest the documents again into a new directory")
         faiss_path = directory / files["faiss"]["name"]
-        vectors = _read_content(faiss_path, files["faiss"].get("sha256"))
+        vectors = read_content(faiss_path, files["faiss"].get("sha256"))
         try:
             index = faiss.deserialize_index(np.frombuffer(vectors, dtype=np.uint8))
         except RuntimeError as err:
@@ -414,10 +392,9 @@ class NuggetIndex:
         if (directory / MANIFEST_FILE).exists():
             return cls.load(directory, compressor, embeddings, **kwargs)
         store_dir = directory / NUGGETS_DIR
-        if not _keeps_store(compressor.store, store_dir):
+        if not keeps_store(compressor.store, store_dir):
             compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
         return cls(compressor, embeddings, **kwargs)
-
 
     @classmethod
     @contextmanager
@@ -427,23 +404,10 @@ class NuggetIndex:
         that concurrent updates (two `nugget-rag ingest` runs) take turns and every one of them lands."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(directory / LOCK_FILE)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            log.warning("another process is updating the index in %s; waiting for it to finish", directory)
-            while not lock.is_locked:  # a cancelled request (cancellation.py) stops waiting
-                check()
-                try:
-                    lock.acquire(timeout=LOCK_POLL_S)
-                except Timeout:
-                    pass
-        try:
+        with index_lock(directory):
             index = cls.open(directory, compressor, embeddings, **kwargs)
             yield index
             index.save(directory)
-        finally:
-            lock.release()
 
 
 class NuggetRetriever(VectorStoreRetriever):
@@ -475,42 +439,6 @@ class NuggetRetriever(VectorStoreRetriever):
     async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
                                        **kwargs: Any) -> list[Document]:
         return await super()._aget_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
-
-
-def read_manifest(directory: str | Path) -> dict[str, Any] | None:
-    """The manifest of the index saved in `directory` (its settings: r, chunking, embeddings), or None if none."""
-    path = Path(directory) / MANIFEST_FILE
-    return _read_json(path) if path.exists() else None
-
-
-def read_records(directory: str | Path, manifest: dict[str, Any]) -> tuple[dict[str, Document], list[str]]:
-    """The chunks saved in `directory` (id -> Document) and their ids in index order, checked against `manifest`."""
-    directory = Path(directory)
-    files = _data_files(manifest, directory)
-    if "docstore" not in files:
-        raise IndexFileError(f"{directory / MANIFEST_FILE} counts {manifest.get('count')} chunks but names no "
-                             "docstore; ingest the documents again into a new directory")
-    docstore_path = directory / files["docstore"]["name"]
-    data = _parse_json(docstore_path, _read_content(docstore_path, files["docstore"].get("sha256")))
-    try:
-        docs = {d["id"]: Document(id=d["id"], page_content=d["page_content"], metadata=d["metadata"])
-                for d in data["documents"]}
-        order = list(data["index_to_docstore_id"])
-    except (KeyError, TypeError) as err:
-        raise IndexFileError(f"{docstore_path} is malformed (missing {err}); "
-                             "ingest the documents again into a new directory") from err
-    if len(order) != manifest.get("count"):
-        raise IndexFileError(f"{docstore_path} maps {len(order)} chunks and {directory / MANIFEST_FILE} counts "
-                             f"{manifest.get('count')}: the files do not belong together")
-    missing = [i for i in order if i not in docs]
-    if missing:
-        raise IndexFileError(f"{docstore_path} maps chunk ids it does not hold, e.g. {missing[0]}")
-    return docs, order
-
-
-def index_location(directory: str | Path) -> str:
-    """"HOST:PATH": how a nugget store names an index saved over it (NuggetStore.register_index)."""
-    return f"{socket.gethostname()}:{Path(directory).resolve()}"
 
 
 def _vectorstore_name(vectorstore: VectorStore | None) -> str:
@@ -576,84 +504,6 @@ def _check_holds(vectorstore: VectorStore, directory: Path, order: list[str]) ->
                          "store (its collection, table or settings) it was ingested into")
 
 
-def _is_store_at(store: NuggetStore, directory: Path) -> bool:
-    byte_store = store.byte_store
-    return isinstance(byte_store, DirectoryByteStore) and byte_store.directory.resolve() == directory.resolve()
-
-
-def _keeps_store(store: NuggetStore, directory: Path) -> bool:
-    """Whether an index in `directory` keeps `store` for its nuggets: its own `nuggets/`, or a shared Redis store."""
-    return store.redis is not None or _is_store_at(store, directory)
-
-
-def _store_name(store: NuggetStore) -> str:
-    """What the manifest records of the nuggets' store: "redis:<namespace>" (never the URL: it may hold a password)
-    or "directory" (the index's `nuggets/`)."""
-    return f"redis:{store.redis.namespace}" if store.redis is not None else "directory"
-
-
-def _write_json(path: Path, value: Any) -> None:
-    write_atomic(path, json.dumps(value, ensure_ascii=False).encode())
-
-
-def _write_content(directory: Path, stem: str, suffix: str, data: bytes) -> dict[str, str]:
-    """Write `data` under a name of its digest (never over another save's file); its name and sha256."""
-    digest = hashlib.sha256(data).hexdigest()
-    path = directory / f"{stem}-{digest[:16]}{suffix}"
-    write_atomic(path, data)  # also when the name exists: that file may have been damaged since
-    return {"name": path.name, "sha256": digest}
-
-
-def _data_files(manifest: dict[str, Any], directory: Path) -> dict[str, dict[str, str]]:
-    """The manifest's {"faiss": {"name", "sha256"}, "docstore": {...}}: plain file names inside `directory`."""
-    files = manifest.get("files", LEGACY_FILES)
-    try:
-        names = [f["name"] for f in files.values()]
-    except (AttributeError, KeyError, TypeError) as err:
-        raise IndexFileError(f"{directory / MANIFEST_FILE} has a malformed list of files ({err!r})") from err
-    if any(not isinstance(n, str) or Path(n).name != n or n in ("", ".", "..") for n in names):
-        raise IndexFileError(f"{directory / MANIFEST_FILE} names files outside its directory: {names}")
-    return files
-
-
-def _saved_files(directory: Path) -> set[str]:
-    """The data files the manifest in `directory` names (none when there is no readable manifest)."""
-    try:
-        files = _data_files(_read_json(directory / MANIFEST_FILE), directory)
-    except (FileNotFoundError, IndexFileError):
-        return set()
-    return {f["name"] for f in files.values()}
-
-
-def _read_content(path: Path, sha256: str | None) -> bytes:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the index in {path.parent} is incomplete; "
-                                "ingest the documents again into a new directory")
-    data = path.read_bytes()
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise IndexFileError(f"{path} is truncated or altered (its sha256 is not the one {MANIFEST_FILE} records); "
-                             "ingest the documents again into a new directory")
-    return data
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {path.parent} is not a complete nugget-rag index "
-                                "(`nugget-rag ingest ... --index DIR` writes one)")
-    return _parse_json(path, path.read_bytes())
-
-
-def _parse_json(path: Path, data: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise IndexFileError(f"{path} is truncated or not valid JSON ({err}); "
-                             "ingest the documents again into a new directory") from err
-    if not isinstance(value, dict):
-        raise IndexFileError(f"{path} does not hold a JSON object")
-    return value
-
-
 # ---------------------------------------------------------------------------------------------- chain
 def build_qa_chain(
     index_or_retriever: NuggetIndex | BaseRetriever | Runnable,
@@ -697,6 +547,5 @@ def source_label(metadata: dict[str, Any]) -> str:
 
 
 __all__: list[str] = [
-    "IndexFileError", "NuggetIndex", "NuggetRetriever", "build_qa_chain", "index_location", "read_manifest",
-    "read_records", "source_label",
+    "NuggetIndex", "NuggetRetriever", "build_qa_chain", "source_label",
 ]

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from nugget_rag.store import NuggetStore
 
-from .faiss_store import LOCK_FILE, MANIFEST_FILE, index_location, read_manifest, read_records
+from .index_files import LOCK_FILE, MANIFEST_FILE, index_location, read_manifest, read_records
 
 
 class PruneReport(BaseModel):

@@ -112,7 +112,7 @@ def load_vectorstore(args: argparse.Namespace, embeddings: Embeddings) -> Vector
 # ---------------------------------------------------------------------------------------------- commands
 def cmd_ingest(args: argparse.Namespace) -> int:
     from .integrations import NuggetIndex, load_documents, read_manifest
-    from .integrations.faiss_store import NUGGETS_DIR
+    from .integrations.index_files import NUGGETS_DIR
 
     if args.ray is not None:
         from .integrations.ray_ingest import connect, ingest_distributed
@@ -182,7 +182,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         return _ask_server(args)
     if args.index is None:
         raise UserError("ask needs --index DIR (a local index) or --url URL (a running `nugget-rag serve`)")
-    from .integrations.faiss_store import NUGGETS_DIR
+    from .integrations.index_files import NUGGETS_DIR
 
     args.ratio = _manifest(args.index).get("ratio")  # read the nuggets the index was built with
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
@@ -247,7 +247,7 @@ def _ask_server(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .integrations import NuggetIndex, read_manifest
-    from .integrations.faiss_store import NUGGETS_DIR
+    from .integrations.index_files import NUGGETS_DIR
     from .server import create_app
 
     if args.ray is not None:
@@ -298,7 +298,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_refloor(args: argparse.Namespace) -> int:
     from .integrations import refloor
-    from .integrations.faiss_store import NUGGETS_DIR
+    from .integrations.index_files import NUGGETS_DIR
 
     manifest = _manifest(args.index)
     args.ratio = manifest.get("ratio")
@@ -321,7 +321,7 @@ def cmd_refloor(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     from .integrations import prune
-    from .integrations.faiss_store import NUGGETS_DIR
+    from .integrations.index_files import NUGGETS_DIR
     from .store import NuggetStore
 
     saved = _manifest(args.index).get("nugget_store", "directory")

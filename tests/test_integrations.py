@@ -317,13 +317,13 @@ def test_a_failed_or_crashed_save_leaves_the_previous_index_whole(index, tmp_pat
         index.save(saved)
     assert sorted(p.name for p in saved.iterdir()) == before
     index.documents[-1].metadata.pop("when")
-    from nugget_rag.integrations import faiss_store
+    from nugget_rag.integrations import index_files
 
-    real = faiss_store._write_json
-    monkeypatch.setattr(faiss_store, "_write_json", lambda *a: (_ for _ in ()).throw(OSError("killed")))
+    real = index_files._write_json
+    monkeypatch.setattr(index_files, "_write_json", lambda *a: (_ for _ in ()).throw(OSError("killed")))
     with pytest.raises(OSError, match="killed"):  # dies after writing the new data files, before the commit
         index.save(saved)
-    monkeypatch.setattr(faiss_store, "_write_json", real)
+    monkeypatch.setattr(index_files, "_write_json", real)
     loaded = NuggetIndex.load(saved, compressor=index.compressor, embeddings=HashEmbeddings())
     assert len(loaded) == len(index) - 1  # the previous save, whole
     index.save(saved)

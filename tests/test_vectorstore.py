@@ -14,7 +14,7 @@ from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore, cli
 from nugget_rag.integrations import NuggetIndex, VectorStoreSpec, build_qa_chain, prune
-from nugget_rag.integrations.faiss_store import index_location
+from nugget_rag.integrations.index_files import index_location
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
