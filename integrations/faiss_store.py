@@ -27,7 +27,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnablePassthrough
-from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
+from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
@@ -55,6 +55,7 @@ from .index_files import (
     store_name,
     write_index,
 )
+from .vectorstores import check_holds, check_vectorstore, store_dimension, store_embeddings, vectorstore_name
 
 with warnings.catch_warnings():  # langchain-community announces its sunset on import
     warnings.simplefilter("ignore")
@@ -63,8 +64,6 @@ with warnings.catch_warnings():  # langchain-community announces its sunset on i
     from langchain_community.vectorstores.utils import DistanceStrategy
 
 log = logging.getLogger(__name__)
-
-DEFAULT_VECTORSTORE = "faiss"  # the manifest's "vectorstore" for the index's own FAISS files
 
 
 class NuggetIndex:
@@ -97,7 +96,7 @@ class NuggetIndex:
         if vectorstore is not None and not isinstance(vectorstore, VectorStore):
             raise TypeError(f"vectorstore is a {type(vectorstore).__name__}, not a LangChain VectorStore; give one "
                             "(e.g. InMemoryVectorStore(embedding=...)), or leave it out for the index's own FAISS")
-        embeddings = _store_embeddings(vectorstore, embeddings)
+        embeddings = store_embeddings(vectorstore, embeddings)
         self.compressor = compressor
         self.embeddings = embeddings if embeddings is not None else minilm_embeddings()
         self.embedding_model = embedding_model or embedding_name(self.embeddings)
@@ -128,7 +127,7 @@ class NuggetIndex:
     @property
     def vectorstore_name(self) -> str:
         """What the manifest records of where the vectors live: "faiss", or the user's store's "module:Class"."""
-        return _vectorstore_name(self.user_vectorstore)
+        return vectorstore_name(self.user_vectorstore)
 
     # ------------------------------------------------------------------ ingest
     def split(self, documents: Sequence[Document]) -> list[Document]:
@@ -192,7 +191,7 @@ class NuggetIndex:
         self._records.update(zip(ids, docs))
 
     def _check_dimension(self, dimension: int) -> None:
-        stored = _store_dimension(self.vectorstore)
+        stored = store_dimension(self.vectorstore)
         if stored is not None and stored != dimension:
             raise ValueError(
                 f"the vector store ({type(self.vectorstore).__name__}) holds vectors of dimension {stored}, but the "
@@ -307,8 +306,8 @@ class NuggetIndex:
             raise IndexFileError(f"{directory / MANIFEST_FILE} has format {manifest.get('format')!r}, "
                                  f"expected {INDEX_FORMAT!r}")
         vectorstore = kwargs.get("vectorstore")
-        _check_vectorstore(directory, manifest, vectorstore)
-        embeddings = _store_embeddings(vectorstore, embeddings)
+        check_vectorstore(directory, manifest, vectorstore)
+        embeddings = store_embeddings(vectorstore, embeddings)
         built_with = manifest.get("embedding_model")
         if embeddings is None:
             if built_with != MINILM_NAME:
@@ -357,7 +356,7 @@ class NuggetIndex:
         if index.user_vectorstore is None:
             index.vectorstore = index._load_faiss(directory, manifest, docs, order)
         else:
-            _check_holds(index.user_vectorstore, directory, order)
+            check_holds(index.user_vectorstore, directory, order)
         index._records = {i: docs[i] for i in order}
         return index
 
@@ -439,69 +438,6 @@ class NuggetRetriever(VectorStoreRetriever):
     async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
                                        **kwargs: Any) -> list[Document]:
         return await super()._aget_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
-
-
-def _vectorstore_name(vectorstore: VectorStore | None) -> str:
-    if vectorstore is None:
-        return DEFAULT_VECTORSTORE
-    return f"{type(vectorstore).__module__}:{type(vectorstore).__qualname__}"
-
-
-def _store_embeddings(vectorstore: VectorStore | None, embeddings: Embeddings | None) -> Embeddings | None:
-    """The embeddings of an index over `vectorstore`: the store's own (`embeddings`, when given, must be the same
-    model)."""
-    own = vectorstore.embeddings if vectorstore is not None else None
-    if own is None:
-        return embeddings
-    if embeddings is not None and embedding_name(embeddings) != embedding_name(own):
-        raise ValueError(f"the vector store ({type(vectorstore).__name__}) embeds with {embedding_name(own)!r}, but "
-                         f"embeddings={embedding_name(embeddings)!r} were given; give the store the index's "
-                         "embeddings, or leave embeddings out (the store's are used)")
-    return own
-
-
-def _store_dimension(vectorstore: VectorStore | None) -> int | None:
-    """The dimension of the vectors `vectorstore` holds or was made for, where it tells: a FAISS index's `d`, a
-    `embedding_length` or `dimension` setting (PGVector, ...), or an InMemoryVectorStore's first vector."""
-    if vectorstore is None:
-        return None
-    if isinstance(vectorstore, InMemoryVectorStore):
-        first = next(iter(vectorstore.store.values()), None)
-        return None if first is None else len(first["vector"])
-    found = getattr(getattr(vectorstore, "index", None), "d", None)
-    for name in ("embedding_length", "dimension"):
-        found = found if found is not None else getattr(vectorstore, name, None)
-    return found if isinstance(found, int) and not isinstance(found, bool) else None
-
-
-def _check_vectorstore(directory: Path, manifest: dict[str, Any], vectorstore: VectorStore | None) -> None:
-    """Refuse a vector store that is not the one the saved index was built into (or one for an index with its own
-    FAISS files)."""
-    saved, given = manifest.get("vectorstore", DEFAULT_VECTORSTORE), _vectorstore_name(vectorstore)
-    if saved == given or (saved == DEFAULT_VECTORSTORE and not manifest.get("count")):
-        return
-    if saved == DEFAULT_VECTORSTORE:
-        raise ValueError(f"the index in {directory} keeps its vectors in its own FAISS files, not in a {given}; open "
-                         "it without a vector store, or ingest into a new index directory to use that store")
-    if vectorstore is None:
-        raise ValueError(f"the index in {directory} keeps its vectors in the vector store {saved}; open it with that "
-                         "store (vectorstore=..., --vectorstore on the command line), as it was ingested")
-    raise ValueError(f"the index in {directory} keeps its vectors in the vector store {saved}, not in a {given}; "
-                     "open it with the store it was ingested into")
-
-
-def _check_holds(vectorstore: VectorStore, directory: Path, order: list[str]) -> None:
-    """Refuse a vector store that lacks the saved index's chunks (a new, empty one), where it can look them up."""
-    sample = list(dict.fromkeys(order[:: max(1, len(order) // 8)] + order[-1:]))
-    try:
-        found = {d.id for d in vectorstore.get_by_ids(sample)}
-    except NotImplementedError:
-        return
-    missing = [i for i in sample if i not in found]
-    if missing:
-        raise ValueError(f"the vector store ({type(vectorstore).__name__}) lacks chunks of the index in {directory} "
-                         f"({len(missing)} of {len(sample)} looked up, e.g. {missing[0]}); open the index with the "
-                         "store (its collection, table or settings) it was ingested into")
 
 
 # ---------------------------------------------------------------------------------------------- chain

@@ -7,6 +7,9 @@
 with `kwargs` and the index's embeddings, under the name its signature takes them by (`embedding`, `embeddings` or
 `embedding_function`). The module is imported because you named it: a saved index records only the store's class,
 and is opened with the store named again.
+
+The functions below check such a store against the index it serves: the embeddings, the dimension of its vectors, and
+whether it is the store (and holds the chunks) a saved index was built into.
 """
 
 from __future__ import annotations
@@ -14,13 +17,17 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
-from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .embeddings import embedding_name
+
 EMBEDDING_ARGUMENTS = ("embedding", "embeddings", "embedding_function")  # what LangChain's stores call them
+DEFAULT_VECTORSTORE = "faiss"  # the manifest's "vectorstore" for the index's own FAISS files
 
 
 class VectorStoreSpec(BaseModel):
@@ -79,4 +86,69 @@ class VectorStoreSpec(BaseModel):
         return store
 
 
-__all__ = ["EMBEDDING_ARGUMENTS", "VectorStoreSpec"]
+def vectorstore_name(vectorstore: VectorStore | None) -> str:
+    """What a manifest records of where the vectors live: "faiss" (None: the index's own), else "module:Class"."""
+    if vectorstore is None:
+        return DEFAULT_VECTORSTORE
+    return f"{type(vectorstore).__module__}:{type(vectorstore).__qualname__}"
+
+
+def store_embeddings(vectorstore: VectorStore | None, embeddings: Embeddings | None) -> Embeddings | None:
+    """The embeddings of an index over `vectorstore`: the store's own (`embeddings`, when given, must be the same
+    model)."""
+    own = vectorstore.embeddings if vectorstore is not None else None
+    if own is None:
+        return embeddings
+    if embeddings is not None and embedding_name(embeddings) != embedding_name(own):
+        raise ValueError(f"the vector store ({type(vectorstore).__name__}) embeds with {embedding_name(own)!r}, but "
+                         f"embeddings={embedding_name(embeddings)!r} were given; give the store the index's "
+                         "embeddings, or leave embeddings out (the store's are used)")
+    return own
+
+
+def store_dimension(vectorstore: VectorStore | None) -> int | None:
+    """The dimension of the vectors `vectorstore` holds or was made for, where it tells: a FAISS index's `d`, a
+    `embedding_length` or `dimension` setting (PGVector, ...), or an InMemoryVectorStore's first vector."""
+    if vectorstore is None:
+        return None
+    if isinstance(vectorstore, InMemoryVectorStore):
+        first = next(iter(vectorstore.store.values()), None)
+        return None if first is None else len(first["vector"])
+    found = getattr(getattr(vectorstore, "index", None), "d", None)
+    for name in ("embedding_length", "dimension"):
+        found = found if found is not None else getattr(vectorstore, name, None)
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
+def check_vectorstore(directory: Path, manifest: dict[str, Any], vectorstore: VectorStore | None) -> None:
+    """Refuse a vector store that is not the one the saved index was built into (or one for an index with its own
+    FAISS files)."""
+    saved, given = manifest.get("vectorstore", DEFAULT_VECTORSTORE), vectorstore_name(vectorstore)
+    if saved == given or (saved == DEFAULT_VECTORSTORE and not manifest.get("count")):
+        return
+    if saved == DEFAULT_VECTORSTORE:
+        raise ValueError(f"the index in {directory} keeps its vectors in its own FAISS files, not in a {given}; open "
+                         "it without a vector store, or ingest into a new index directory to use that store")
+    if vectorstore is None:
+        raise ValueError(f"the index in {directory} keeps its vectors in the vector store {saved}; open it with that "
+                         "store (vectorstore=..., --vectorstore on the command line), as it was ingested")
+    raise ValueError(f"the index in {directory} keeps its vectors in the vector store {saved}, not in a {given}; "
+                     "open it with the store it was ingested into")
+
+
+def check_holds(vectorstore: VectorStore, directory: Path, order: list[str]) -> None:
+    """Refuse a vector store that lacks the saved index's chunks (a new, empty one), where it can look them up."""
+    sample = list(dict.fromkeys(order[:: max(1, len(order) // 8)] + order[-1:]))
+    try:
+        found = {d.id for d in vectorstore.get_by_ids(sample)}
+    except NotImplementedError:
+        return
+    missing = [i for i in sample if i not in found]
+    if missing:
+        raise ValueError(f"the vector store ({type(vectorstore).__name__}) lacks chunks of the index in {directory} "
+                         f"({len(missing)} of {len(sample)} looked up, e.g. {missing[0]}); open the index with the "
+                         "store (its collection, table or settings) it was ingested into")
+
+
+__all__ = ["DEFAULT_VECTORSTORE", "EMBEDDING_ARGUMENTS", "VectorStoreSpec", "check_holds", "check_vectorstore",
+           "store_dimension", "store_embeddings", "vectorstore_name"]
