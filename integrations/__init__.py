@@ -2,12 +2,14 @@
 
 from .chunking import chunk_id
 from .embeddings import SentenceTransformerEmbeddings, embedding_name, minilm_embeddings
-from .faiss_store import NuggetIndex, NuggetRetriever, build_qa_chain, source_label
+from .index import NuggetIndex
 from .index_files import IndexFileError, read_manifest
 from .loaders import DocumentLoadError, LoadReport, load_documents, load_jsonl, read_documents
 from .nugget_model import load_compressor
 from .prune import PruneReport, prune
+from .qa_chain import build_qa_chain, source_label
 from .refloor import RefloorReport, refloor
+from .retriever import NuggetRetriever
 from .vectorstores import VectorStoreSpec
 from .visualize import NuggetView, nugget_view, reading_view, render_html, render_terminal
 

@@ -1,16 +1,9 @@
-"""An index of document chunks (FAISS, or any LangChain vector store) whose nuggets live beside it, and the LCEL QA
-chain over both.
-
-Its files, and the lock its updates take turns under: index_files.py.
-"""
+"""The index's own vector store, when the user brings none: a FAISS index of unit vectors (L2 distance, cosine
+ranking), saved as its `faiss.serialize_index` bytes."""
 
 from __future__ import annotations
 
-import logging
-import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,41 +14,10 @@ try:
 except ImportError as err:  # a core install: retrieval is an extra
     raise ImportError(f"{err.name} is not installed: nugget-rag's FAISS retrieval needs its [retrieval] extra "
                       "(pip install 'nugget-rag[retrieval]')") from err
-from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.output_parsers import StrOutputParser
-from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnablePassthrough
-from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
-from pydantic import Field, field_validator
-from tqdm.auto import tqdm
 
-from nugget_rag.cancellation import check
-from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
-from nugget_rag.llm import NuggetLLM
-from nugget_rag.resolution import ResolutionPolicy, resolve_policy
-from nugget_rag.store import NuggetStore
-
-from .chunking import split_documents, token_splitter
-from .embeddings import MINILM_NAME, embedding_name, minilm_embeddings
-from .index_files import (
-    INDEX_FORMAT,
-    MANIFEST_FILE,
-    NUGGETS_DIR,
-    IndexFileError,
-    data_files,
-    encode_records,
-    index_location,
-    index_lock,
-    keeps_store,
-    read_content,
-    read_json,
-    read_records,
-    store_name,
-    write_index,
-)
-from .vectorstores import check_holds, check_vectorstore, store_dimension, store_embeddings, vectorstore_name
+from .index_files import MANIFEST_FILE, IndexFileError, data_files, read_content
 
 with warnings.catch_warnings():  # langchain-community announces its sunset on import
     warnings.simplefilter("ignore")
@@ -63,425 +25,46 @@ with warnings.catch_warnings():  # langchain-community announces its sunset on i
     from langchain_community.vectorstores import FAISS
     from langchain_community.vectorstores.utils import DistanceStrategy
 
-log = logging.getLogger(__name__)
+
+def new_faiss(embeddings: Embeddings, index: Any, docs: dict[str, Document], mapping: dict[int, str]) -> FAISS:
+    """LangChain's FAISS over the faiss `index`, its chunks `docs` and `mapping` (position -> chunk id)."""
+    # L2 distance between unit vectors ranks as cosine similarity, for any embeddings
+    return FAISS(embeddings, index, InMemoryDocstore(docs), mapping, normalize_L2=True,
+                 distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE)
 
 
-class NuggetIndex:
-    """A vector store over document chunks + their nuggets in the compressor's store, filled in one `ingest` step.
-
-    Chunks are cut by the compressor's tokenizer (`chunk_tokens`, `chunk_overlap`), embedded for retrieval
-    (cosine ranking) and compressed into nuggets at once, so a later question only reads cached nuggets.
-    `batch_size` chunks are compressed, embedded and indexed per step; the progress bar (`show_progress`) moves
-    per step, with chunks/s, tokens/s and the time left.
-
-    The vectors go to `vectorstore`, any LangChain VectorStore (Chroma, PGVector, Qdrant, InMemoryVectorStore...),
-    with the chunks' ids and metadata; without one, to the index's own FAISS (saved in its directory). The index
-    keeps its chunks' records (ids, text, metadata) either way: `delete` removes chunks from both.
-    """
-
-    def __init__(
-        self,
-        compressor: NuggetCompressor,
-        embeddings: Embeddings | None = None,
-        chunk_tokens: int = 384,
-        chunk_overlap: int = 32,
-        show_progress: bool = False,
-        batch_size: int = 8,
-        embedding_model: str | None = None,
-        vectorstore: VectorStore | None = None,
-    ):
-        if chunk_tokens < 1 or not 0 <= chunk_overlap < chunk_tokens:
-            raise ValueError(f"need chunk_tokens >= 1 and 0 <= chunk_overlap < chunk_tokens, "
-                             f"got {chunk_tokens} and {chunk_overlap}")
-        if vectorstore is not None and not isinstance(vectorstore, VectorStore):
-            raise TypeError(f"vectorstore is a {type(vectorstore).__name__}, not a LangChain VectorStore; give one "
-                            "(e.g. InMemoryVectorStore(embedding=...)), or leave it out for the index's own FAISS")
-        embeddings = store_embeddings(vectorstore, embeddings)
-        self.compressor = compressor
-        self.embeddings = embeddings if embeddings is not None else minilm_embeddings()
-        self.embedding_model = embedding_model or embedding_name(self.embeddings)
-        self.chunk_tokens = chunk_tokens
-        self.chunk_overlap = chunk_overlap
-        self.show_progress = show_progress
-        self.batch_size = batch_size
-        self.splitter = token_splitter(compressor.model.tokenizer, chunk_tokens, chunk_overlap)
-        self.user_vectorstore = vectorstore  # None: the index's own FAISS, made at the first add
-        self.vectorstore: VectorStore | None = vectorstore
-        self.dimension: int | None = None  # of the vectors, known at the first add (or from a saved index)
-        self._records: dict[str, Document] = {}  # chunk id -> chunk, in index order (FAISS's, for the default)
-        self.last_ingest: dict[str, float] = {}
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    @property
-    def ids(self) -> list[str]:
-        """Chunk ids in index order."""
-        return list(self._records)
-
-    @property
-    def documents(self) -> list[Document]:
-        """The indexed chunks, in index order."""
-        return list(self._records.values())
-
-    @property
-    def vectorstore_name(self) -> str:
-        """What the manifest records of where the vectors live: "faiss", or the user's store's "module:Class"."""
-        return vectorstore_name(self.user_vectorstore)
-
-    # ------------------------------------------------------------------ ingest
-    def split(self, documents: Sequence[Document]) -> list[Document]:
-        """Token-aware chunks of `documents`, each with a deterministic id, its document's `source` and
-        `chunk`/`start_index` metadata (chunking.split_documents)."""
-        return split_documents(self.splitter, documents)
-
-    def ingest(self, documents: Iterable[Document]) -> int:
-        """Split, compress into the nugget store and add to the vector store; returns the number of new chunks.
-
-        Chunks whose id is already indexed are skipped (re-ingesting a text adds nothing). Each batch is
-        compressed before it is indexed, so every indexed chunk has its nuggets in the store.
-        """
-        documents = list(documents)
-        chunks = self.split(documents)
-        known = set(self.ids)
-        new: dict[str, Document] = {}
-        for chunk in chunks:
-            if chunk.id not in known and chunk.id not in new:
-                new[chunk.id] = chunk
-        todo = list(new.values())
-        bar = tqdm(total=len(todo), desc="ingesting", unit="chunk", disable=not self.show_progress or not todo)
-        tokens, started = 0, time.perf_counter()
-        try:
-            for start in range(0, len(todo), self.batch_size):
-                check()  # a cancelled request stops here (cancellation.py): every batch added so far is whole
-                batch = todo[start : start + self.batch_size]
-                compressed = self.compressor.invoke(batch)
-                vectors = self.embeddings.embed_documents([d.page_content for d in compressed])
-                self.add_chunks(compressed, vectors)
-                tokens += sum(d.metadata[METADATA_KEY]["n_tokens"] for d in compressed)
-                bar.update(len(batch))
-                bar.set_postfix_str(f"{tokens / (time.perf_counter() - started):.0f} tokens/s", refresh=False)
-        finally:
-            bar.close()
-        self.last_ingest = {"documents": len(documents), "chunks": len(chunks), "added": len(todo),
-                            "skipped": len(chunks) - len(todo), "tokens": tokens,
-                            "seconds": round(time.perf_counter() - started, 3)}
-        log.info("ingested %(documents)d documents: %(chunks)d chunks, %(added)d new, %(skipped)d already indexed",
-                 self.last_ingest)
-        return len(todo)
-
-    def add_chunks(self, docs: Sequence[Document], vectors: Sequence[Sequence[float]]) -> None:
-        """Add split, compressed chunks (each with its id) and their vectors from `embeddings` to the vector store
-        and the records. A vector store that takes vectors (`add_embeddings`, as FAISS) is given them; any other
-        embeds the chunks itself, with the same embeddings. A first add checks the store's dimension, where the
-        store tells it, against the vectors'."""
-        if not docs:
-            return
-        if self.dimension is None:
-            self._check_dimension(len(vectors[0]))
-        if self.vectorstore is None:
-            self.vectorstore = self._new_vectorstore(faiss.IndexFlatL2(len(vectors[0])), {}, {})
-        ids = [d.id for d in docs]
-        add_embeddings = getattr(self.vectorstore, "add_embeddings", None)
-        if callable(add_embeddings):
-            add_embeddings([(d.page_content, list(v)) for d, v in zip(docs, vectors)],
-                           metadatas=[d.metadata for d in docs], ids=ids)
-        else:
-            self.vectorstore.add_documents(list(docs), ids=ids)
-        self._records.update(zip(ids, docs))
-
-    def _check_dimension(self, dimension: int) -> None:
-        stored = store_dimension(self.vectorstore)
-        if stored is not None and stored != dimension:
-            raise ValueError(
-                f"the vector store ({type(self.vectorstore).__name__}) holds vectors of dimension {stored}, but the "
-                f"embeddings ({self.embedding_model}) make vectors of dimension {dimension}; give a store made for "
-                f"dimension {dimension} (a new collection or table), or the embeddings it was built with")
-        self.dimension = dimension
-
-    def delete(self, ids: Sequence[str]) -> int:
-        """Remove the chunks `ids` from the vector store and the records; returns how many were removed.
-
-        Their nuggets stay in the store (other chunks, and other indexes, may share them): `prune` removes the
-        states no index references. Nothing is removed when an id is not in the index, or when the vector store
-        cannot delete."""
-        ids = list(dict.fromkeys(ids))
-        unknown = [i for i in ids if i not in self._records]
-        if unknown:
-            raise ValueError(f"{len(unknown)} of the ids to delete are not in the index, e.g. {unknown[0]!r}; "
-                             "nothing was deleted (index.ids lists the chunks)")
-        if not ids:
-            return 0
-        if type(self.vectorstore).delete is VectorStore.delete:
-            raise ValueError(f"the vector store ({type(self.vectorstore).__name__}) cannot delete by id (it does not "
-                             "implement VectorStore.delete); nothing was deleted. Use a store that can, or ingest "
-                             "the documents to keep into a new index")
-        if self.vectorstore.delete(ids) is False:
-            raise ValueError(f"the vector store ({type(self.vectorstore).__name__}) refused to delete {len(ids)} "
-                             "chunks; the index's records were left as they were")
-        for i in ids:
-            del self._records[i]
-        return len(ids)
-
-    def _new_vectorstore(self, index: Any, docs: dict[str, Document], mapping: dict[int, str]) -> FAISS:
-        # L2 distance between unit vectors ranks as cosine similarity, for any embeddings
-        return FAISS(self.embeddings, index, InMemoryDocstore(docs), mapping, normalize_L2=True,
-                     distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE)
-
-    # ------------------------------------------------------------------ retrieval
-    def as_retriever(self, k: int = 4, **kwargs: Any) -> NuggetRetriever:
-        """A retriever of the `k` most similar chunks (add `| compressor` to read their nuggets); `kwargs` are
-        NuggetRetriever's (search_type, search_kwargs, tags, ...)."""
-        if self.vectorstore is None or not len(self):
-            raise ValueError("the index is empty: ingest documents first")
-        tags = kwargs.pop("tags", None) or [type(self.vectorstore).__name__, type(self.embeddings).__name__]
-        return NuggetRetriever(vectorstore=self.vectorstore, k=k, tags=tags, **kwargs)
-
-    # ------------------------------------------------------------------ persistence
-    def manifest(self) -> dict[str, Any]:
-        model = self.compressor.model
-        return {
-            "format": INDEX_FORMAT,
-            "embedding_model": self.embedding_model,
-            "dimension": self.dimension,
-            "vectorstore": self.vectorstore_name,
-            "distance": "l2 over unit vectors (cosine ranking)" if self.user_vectorstore is None else "the store's",
-            "count": len(self),
-            "nugget_model": model.base_name,
-            "nugget_fingerprint": self.compressor.fingerprint,
-            "ratio": self.compressor.effective_ratio,
-            "keep_ratio": self.compressor.keep_ratio,
-            "chunk_tokens": self.chunk_tokens,
-            "chunk_overlap": self.chunk_overlap,
-            "nugget_store": store_name(self.compressor.store),
-        }
-
-    def save(self, directory: str | Path) -> Path:
-        """Write the index, its chunks and (if they live elsewhere) their nuggets into `directory`."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        nuggets = self.compressor.store
-        if not keeps_store(nuggets, directory / NUGGETS_DIR):
-            nuggets = NuggetStore(directory=directory / NUGGETS_DIR)
-            self._copy_nuggets(nuggets)
-        docstore = encode_records(self.documents, self.ids, directory)  # before anything is written
-        own_faiss = self.user_vectorstore is None and self.vectorstore is not None
-        vectors = faiss.serialize_index(self.vectorstore.index).tobytes() if own_faiss else None
-        write_index(directory, self.manifest(), docstore, vectors)
-        if nuggets.redis is not None:  # a store other indexes share: what prune keeps (integrations/prune.py)
-            nuggets.register_index(index_location(directory))
-        return directory
-
-    def _copy_nuggets(self, target: NuggetStore) -> None:
-        docs = self.documents
-        for start in range(0, len(docs), 64):
-            batch = docs[start : start + 64]
-            for doc, found in zip(batch, self.compressor.lookup(batch)):
-                target.put(doc.page_content, found.stored)
-            if self.compressor.text_states:  # and the frozen model's, which questions read passages whole from
-                for doc, found in zip(batch, self.compressor.lookup(batch, 1.0, adapter=None)):
-                    target.put(doc.page_content, found.stored)
-
-    @classmethod
-    def load(
-        cls,
-        directory: str | Path,
-        compressor: NuggetCompressor,
-        embeddings: Embeddings | None = None,
-        **kwargs: Any,
-    ) -> NuggetIndex:
-        """Open a saved index; the compressor reads and writes nuggets in `directory/nuggets`, or in the Redis store
-        it has (`NuggetStore.from_redis`) when the index was saved with its nuggets there.
-
-        An index whose vectors live in the user's vector store opens with that store (`vectorstore=` in `kwargs`,
-        whose embeddings it takes when `embeddings` is None).
-
-        Raises FileNotFoundError or IndexFileError naming a missing or damaged file, and ValueError when
-        `embeddings` are not the model the index was built with, the compressor's store is not the index's, or the
-        vector store is not the one the index was built into.
-        """
-        directory = Path(directory)
-        manifest = read_json(directory / MANIFEST_FILE)
-        if manifest.get("format") != INDEX_FORMAT:
-            raise IndexFileError(f"{directory / MANIFEST_FILE} has format {manifest.get('format')!r}, "
-                                 f"expected {INDEX_FORMAT!r}")
-        vectorstore = kwargs.get("vectorstore")
-        check_vectorstore(directory, manifest, vectorstore)
-        embeddings = store_embeddings(vectorstore, embeddings)
-        built_with = manifest.get("embedding_model")
-        if embeddings is None:
-            if built_with != MINILM_NAME:
-                raise ValueError(f"the index in {directory} was built with embeddings {built_with!r}; "
-                                 "pass the same model as embeddings=...")
-            embeddings = minilm_embeddings()
-        given = kwargs.pop("embedding_model", None) or embedding_name(embeddings)
-        if given != built_with:
-            raise ValueError(
-                f"the index in {directory} was built with embeddings {built_with!r}, but {given!r} were given; "
-                f"load it with {built_with!r}, or ingest into a new index directory to use {given!r}"
-            )
-        store_dir = directory / NUGGETS_DIR
-        saved_store, given_store = manifest.get("nugget_store", "directory"), store_name(compressor.store)
-        if saved_store.startswith("redis") and saved_store != given_store:
-            namespace = saved_store.partition(":")[2]
-            raise ValueError(f"the nuggets of the index in {directory} live in Redis (namespace {namespace!r}); open it "
-                             f"with a compressor on that store, NuggetStore.from_redis(URL, namespace={namespace!r}) "
-                             "(--store URL on the command line)")
-        if given_store.startswith("redis") and saved_store != given_store:
-            raise ValueError(f"the index in {directory} keeps its nuggets in {saved_store}, not in Redis "
-                             f"({given_store}); open it without the Redis store (no --store)")
-        if not keeps_store(compressor.store, store_dir):
-            compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
-        floor = manifest.get("keep_ratio", 1.0)  # an index keeps the floor it was built with
-        if compressor.keep_ratio != floor:
-            if "keep_ratio" in compressor.model_fields_set:
-                raise ValueError(f"the index in {directory} keeps nuggets down to r = {floor:g}, not keep_ratio="
-                                 f"{compressor.keep_ratio:g}; open it with keep_ratio={floor:g}, or ingest into a new "
-                                 "index directory for another floor")
-            compressor = compressor.model_copy(update={"keep_ratio": floor})
-        for name, default in (("chunk_tokens", 384), ("chunk_overlap", 32)):
-            saved = manifest.get(name, default)
-            if kwargs.setdefault(name, saved) != saved:
-                raise ValueError(f"the index in {directory} was chunked with {name}={saved}, not {kwargs[name]}; "
-                                 f"load it with {name}={saved}, or ingest into a new index directory")
-        index = cls(compressor, embeddings, embedding_model=given, **kwargs)
-        fingerprint = compressor.fingerprint
-        if manifest.get("nugget_fingerprint") != fingerprint:
-            log.warning("the nuggets in %s were made by another nugget model or ratio (%s, r=%s); they will be "
-                        "recomputed when read", store_dir, manifest.get("nugget_model"), manifest.get("ratio"))
-        if not manifest.get("count"):
-            return index
-        docs, order = read_records(directory, manifest)
-        index.dimension = manifest.get("dimension")
-        if index.user_vectorstore is None:
-            index.vectorstore = index._load_faiss(directory, manifest, docs, order)
-        else:
-            check_holds(index.user_vectorstore, directory, order)
-        index._records = {i: docs[i] for i in order}
-        return index
-
-    def _load_faiss(self, directory: Path, manifest: dict[str, Any], docs: dict[str, Document],
-                    order: list[str]) -> FAISS:
-        files = data_files(manifest, directory)
-        if "faiss" not in files:
-            raise IndexFileError(f"{directory / MANIFEST_FILE} counts {manifest.get('count')} chunks but names no "
-                                 "FAISS file; ingest the documents again into a new directory")
-        faiss_path = directory / files["faiss"]["name"]
-        vectors = read_content(faiss_path, files["faiss"].get("sha256"))
-        try:
-            index = faiss.deserialize_index(np.frombuffer(vectors, dtype=np.uint8))
-        except RuntimeError as err:
-            raise IndexFileError(f"{faiss_path} is truncated or not a FAISS index ({str(err).splitlines()[0]}); "
-                                 "ingest the documents again into a new directory") from err
-        if manifest.get("dimension") not in (None, index.d):
-            raise IndexFileError(f"{faiss_path} holds vectors of dimension {index.d}, the manifest says "
-                                 f"{manifest['dimension']}: the files do not belong together")
-        if index.ntotal != len(order):
-            raise IndexFileError(f"{faiss_path} holds {index.ntotal} vectors, the docstore maps {len(order)}: the "
-                                 "files do not belong together")
-        self.dimension = index.d
-        return self._new_vectorstore(index, dict(docs), dict(enumerate(order)))
-
-    @classmethod
-    def open(cls, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings | None = None,
-             **kwargs: Any) -> NuggetIndex:
-        """`load` the index in `directory` if there is one, else a new empty one whose nuggets go there (or to the
-        compressor's Redis store)."""
-        directory = Path(directory)
-        if (directory / MANIFEST_FILE).exists():
-            return cls.load(directory, compressor, embeddings, **kwargs)
-        store_dir = directory / NUGGETS_DIR
-        if not keeps_store(compressor.store, store_dir):
-            compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
-        return cls(compressor, embeddings, **kwargs)
-
-    @classmethod
-    @contextmanager
-    def updating(cls, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings | None = None,
-                 **kwargs: Any) -> Iterator[NuggetIndex]:
-        """`open` the index in `directory`, yield it, then `save` it, holding the directory's lock throughout, so
-        that concurrent updates (two `nugget-rag ingest` runs) take turns and every one of them lands."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        with index_lock(directory):
-            index = cls.open(directory, compressor, embeddings, **kwargs)
-            yield index
-            index.save(directory)
+def empty_faiss(embeddings: Embeddings, dimension: int) -> FAISS:
+    """An empty FAISS for vectors of `dimension`."""
+    return new_faiss(embeddings, faiss.IndexFlatL2(dimension), {}, {})
 
 
-class NuggetRetriever(VectorStoreRetriever):
-    """The `k` chunks of a NuggetIndex most similar to a query: `k` set here, or per call (`invoke(query, k=2)`).
-
-    `NuggetIndex.as_retriever` makes one; `NuggetRetriever(vectorstore=index.vectorstore, k=3)` too. The other
-    search options go in `search_kwargs` (e.g. `fetch_k` with `search_type="mmr"`), as in VectorStoreRetriever.
-    """
-
-    k: int = Field(default=4, ge=1)
-
-    @field_validator("search_kwargs")
-    @classmethod
-    def _no_k_in_search_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if "k" in value:
-            raise ValueError(f"search_kwargs={value!r} sets k: pass k={value['k']!r} to the retriever itself")
-        return value
-
-    def _search(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        k = kwargs.get("k", self.k)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k={k!r}: the number of chunks to retrieve must be an integer >= 1")
-        return {**kwargs, "k": k}
-
-    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
-                                **kwargs: Any) -> list[Document]:
-        return super()._get_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
-
-    async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
-                                       **kwargs: Any) -> list[Document]:
-        return await super()._aget_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
+def faiss_bytes(vectorstore: FAISS) -> bytes:
+    """The vectors of `vectorstore` as the index file holds them."""
+    return faiss.serialize_index(vectorstore.index).tobytes()
 
 
-# ---------------------------------------------------------------------------------------------- chain
-def build_qa_chain(
-    index_or_retriever: NuggetIndex | BaseRetriever | Runnable,
-    llm: NuggetLLM,
-    k: int = 4,
-    as_text: bool = False,
-    resolution: ResolutionPolicy | type[ResolutionPolicy] | str | None = None,
-) -> Runnable:
-    """question -> retrieve -> nuggets -> NuggetLLM: ``{"documents": retriever | compressor, "question": q} | llm``.
-
-    Returns the AIMessage (its ``response_metadata["sources"]`` names the chunks read, ``["resolution"]`` how each
-    retrieved chunk was read and why), or its text with ``as_text=True``. `k`: the chunks a NuggetIndex retrieves
-    (the policy then reads some whole, may skim some and drops the rest). `resolution`: how each chunk is read, as
-    NuggetLLM takes it (a policy or a name of RESOLUTIONS); None keeps the llm's own (by default "default").
-    """
-    if isinstance(index_or_retriever, NuggetIndex):
-        retriever = index_or_retriever.as_retriever(k=k)
-    else:
-        retriever = index_or_retriever
-    if resolution is not None:
-        llm = llm.model_copy(update={"resolution": resolve_policy(resolution) if resolution != "default" else resolution})
-    if isinstance(llm.resolution, ResolutionPolicy) and isinstance(index_or_retriever, NuggetIndex):
-        if llm.resolution.expand > k:
-            raise ValueError(f"{type(llm.resolution).__name__}(expand={llm.resolution.expand}) reads more chunks whole "
-                             f"than k={k} retrieves; raise k to at least {llm.resolution.expand} or lower expand")
-    chain = {"documents": retriever | llm.compressor, "question": RunnablePassthrough()} | llm
-    return chain | StrOutputParser() if as_text else chain
+def load_faiss(directory: Path, manifest: dict[str, Any], embeddings: Embeddings, docs: dict[str, Document],
+               order: list[str]) -> FAISS:
+    """The FAISS saved in `directory`, over the chunks `docs` in `order`; an IndexFileError when its file is missing
+    from the manifest, damaged, or does not match the manifest and the docstore."""
+    files = data_files(manifest, directory)
+    if "faiss" not in files:
+        raise IndexFileError(f"{directory / MANIFEST_FILE} counts {manifest.get('count')} chunks but names no "
+                             "FAISS file; ingest the documents again into a new directory")
+    faiss_path = directory / files["faiss"]["name"]
+    vectors = read_content(faiss_path, files["faiss"].get("sha256"))
+    try:
+        index = faiss.deserialize_index(np.frombuffer(vectors, dtype=np.uint8))
+    except RuntimeError as err:
+        raise IndexFileError(f"{faiss_path} is truncated or not a FAISS index ({str(err).splitlines()[0]}); "
+                             "ingest the documents again into a new directory") from err
+    if manifest.get("dimension") not in (None, index.d):
+        raise IndexFileError(f"{faiss_path} holds vectors of dimension {index.d}, the manifest says "
+                             f"{manifest['dimension']}: the files do not belong together")
+    if index.ntotal != len(order):
+        raise IndexFileError(f"{faiss_path} holds {index.ntotal} vectors, the docstore maps {len(order)}: the "
+                             "files do not belong together")
+    return new_faiss(embeddings, index, dict(docs), dict(enumerate(order)))
 
 
-def source_label(metadata: dict[str, Any]) -> str:
-    """One line naming a source: its source/id/title and the chunk position."""
-    meta = {k: v for k, v in metadata.items() if k != METADATA_KEY}
-    parts = [str(meta.get("source") or meta.get("id") or "?")]
-    if meta.get("id") and meta.get("id") != meta.get("source"):
-        parts.append(f"id={meta['id']}")
-    if meta.get("title"):
-        parts.append(f"title={meta['title']!r}")
-    if meta.get("start_index", -1) >= 0:
-        parts.append(f"chars {meta['start_index']}+")
-    return "  ".join(parts)
-
-
-__all__: list[str] = [
-    "NuggetIndex", "NuggetRetriever", "build_qa_chain", "source_label",
-]
+__all__: list[str] = ["empty_faiss", "faiss_bytes", "load_faiss", "new_faiss"]

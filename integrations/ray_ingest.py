@@ -40,7 +40,7 @@ from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.model import NuggetModel
 from nugget_rag.store import DirectoryByteStore, NuggetStore, StoreUnavailableError
 
-from .faiss_store import NuggetIndex
+from .index import NuggetIndex
 from .loaders import read_documents
 
 try:

@@ -34,7 +34,7 @@ from nugget_rag.compressor import NuggetCompressor
 from nugget_rag.config import MergedFormat
 from nugget_rag.model import NuggetModel
 
-from .faiss_store import NuggetIndex
+from .index import NuggetIndex
 from .index_files import MANIFEST_FILE, IndexFileError, read_manifest
 from .ray_ingest import (
     COMPRESSOR_SETTINGS,

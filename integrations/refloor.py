@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from nugget_rag.compressor import NuggetCompressor
 from nugget_rag.config import NuggetConfig
 
-from .faiss_store import NuggetIndex
+from .index import NuggetIndex
 
 
 class RefloorReport(BaseModel):
