@@ -238,7 +238,7 @@ class NuggetIndex:
         docstore = encode_records(self.documents, self.ids, directory)  # before anything is written
         own_faiss = self.user_vectorstore is None and self.vectorstore is not None
         write_index(directory, self.manifest(), docstore, faiss_bytes(self.vectorstore) if own_faiss else None)
-        if nuggets.redis is not None:  # a store other indexes share: what prune keeps (integrations/prune.py)
+        if nuggets.location is not None and nuggets.location.is_redis:  # a store other indexes share: what prune keeps (integrations/prune.py)
             nuggets.register_index(index_location(directory))
         return directory
 

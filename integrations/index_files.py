@@ -31,7 +31,7 @@ from langchain_core.documents import Document
 
 from nugget_rag.cancellation import check
 from nugget_rag.files import fsync_directory, write_atomic
-from nugget_rag.store import DirectoryByteStore, NuggetStore
+from nugget_rag.store import NuggetStore
 
 log = logging.getLogger(__name__)
 
@@ -177,18 +177,15 @@ def index_location(directory: str | Path) -> str:
 
 def keeps_store(store: NuggetStore, directory: Path) -> bool:
     """Whether an index in `directory` keeps `store` for its nuggets: its own `nuggets/`, or a shared Redis store."""
-    return store.redis is not None or _is_store_at(store, directory)
-
-
-def _is_store_at(store: NuggetStore, directory: Path) -> bool:
-    byte_store = store.byte_store
-    return isinstance(byte_store, DirectoryByteStore) and byte_store.directory.resolve() == directory.resolve()
+    location = store.location
+    return location is not None and (location.is_redis or location.directory == directory.resolve())
 
 
 def store_name(store: NuggetStore) -> str:
     """What the manifest records of the nuggets' store: "redis:<namespace>" (never the URL: it may hold a password)
     or "directory" (the index's `nuggets/`)."""
-    return f"redis:{store.redis.namespace}" if store.redis is not None else "directory"
+    location = store.location
+    return f"redis:{location.namespace}" if location is not None and location.is_redis else "directory"
 
 
 # ---------------------------------------------------------------------------------------------- the lock

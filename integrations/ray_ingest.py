@@ -31,14 +31,14 @@ import numpy as np
 import torch
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
 from nugget_rag.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.cli_options import RAY_ADDRESS
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.model import NuggetModel
-from nugget_rag.store import DirectoryByteStore, NuggetStore, StoreUnavailableError
+from nugget_rag.store import NuggetStore, StoreLocation, StoreUnavailableError
 
 from .index import NuggetIndex
 from .loaders import read_documents
@@ -88,37 +88,14 @@ class ModelLoader(BaseModel):
                                            dtype=self.dtype)
 
 
-class StoreLocation(BaseModel):
-    """The shared NuggetStore every worker opens: a Redis server, or a directory on a filesystem all nodes see."""
-
-    model_config = ConfigDict(frozen=True)
-
-    redis_url: str | None = None
-    namespace: str = "nugget-rag"
-    ttl: int | None = None
-    directory: str | None = None
-
-    @model_validator(mode="after")
-    def _one_place(self) -> StoreLocation:
-        if (self.redis_url is None) == (self.directory is None):
-            raise ValueError("a store location needs redis_url or directory, and not both")
-        return self
-
-    @classmethod
-    def of(cls, store: NuggetStore) -> StoreLocation:
-        """Where `store` lives, for the workers; a ValueError when they cannot open it (memory, another ByteStore)."""
-        if store.redis is not None:
-            return cls(redis_url=store.redis.url, namespace=store.redis.namespace, ttl=store.redis.ttl)
-        if isinstance(store.byte_store, DirectoryByteStore):
-            return cls(directory=str(store.byte_store.directory.resolve()))
+def shared_location(store: NuggetStore) -> StoreLocation:
+    """Where `store` lives, for the workers; a ValueError when they cannot open it (memory, another ByteStore)."""
+    location = store.location
+    if location is None:
         kind = "memory" if store.byte_store is None else type(store.byte_store).__name__
         raise ValueError(f"the Ray workers cannot reach the compressor's store ({kind}); give the compressor a store "
                          "they share: NuggetStore.from_redis(URL), or a directory (NuggetIndex.updating(DIR, ...))")
-
-    def open(self) -> NuggetStore:
-        if self.redis_url is not None:
-            return NuggetStore.from_redis(self.redis_url, namespace=self.namespace, ttl=self.ttl)
-        return NuggetStore(directory=self.directory)
+    return location
 
 
 class RayIngestOptions(BaseModel):
@@ -180,7 +157,7 @@ def ingest_distributed(
     """
     options = options or RayIngestOptions()
     started = time.perf_counter()
-    location = StoreLocation.of(index.compressor.store)  # before any work: the workers must reach the store
+    location = shared_location(index.compressor.store)  # before any work: the workers must reach the store
     connect(options.address)
     rows, skipped_files = _rows(data)
     for path, reason in skipped_files.items():
@@ -397,4 +374,4 @@ def _document(batch: dict[str, np.ndarray], i: int, text: str) -> Document:
 
 
 __all__ = ["CompressWorker", "ModelLoader", "ModelMismatchError", "RayClusterError", "RayIngestOptions",
-           "StoreLocation", "connect", "ingest_distributed"]
+           "connect", "ingest_distributed", "shared_location"]

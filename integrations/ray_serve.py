@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from nugget_rag.compressor import NuggetCompressor
 from nugget_rag.config import MergedFormat
 from nugget_rag.model import NuggetModel
+from nugget_rag.store import StoreLocation
 
 from .index import NuggetIndex
 from .index_files import MANIFEST_FILE, IndexFileError, read_manifest
@@ -41,9 +42,9 @@ from .ray_ingest import (
     ModelLoader,
     ModelMismatchError,
     RayIngestOptions,
-    StoreLocation,
     connect,
     ingest_distributed,
+    shared_location,
 )
 from .vectorstores import VectorStoreSpec
 
@@ -246,7 +247,7 @@ def replica_spec(index_dir: str | Path, compressor: NuggetCompressor, embeddings
     return ReplicaSpec(
         load_model=model, settings={name: getattr(compressor, name) for name in COMPRESSOR_SETTINGS},
         weights=compressor.model.merged_format, fingerprint=compressor.fingerprint,
-        store=StoreLocation.of(compressor.store), index_dir=str(Path(index_dir).resolve()), embeddings=embeddings,
+        store=shared_location(compressor.store), index_dir=str(Path(index_dir).resolve()), embeddings=embeddings,
         vectorstore=vectorstore, app=app, threads=threads,
         ingest=RayIngestOptions(cpus_per_worker=options.cpus_per_replica,
                                 gpus_per_worker=options.gpus_per_replica, threads_per_worker=threads))

@@ -154,8 +154,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     rate = f" in {seconds:.1f} s ({added / seconds:.2f} chunks/s, {stats['tokens'] / seconds:.0f} tokens/s)" if added else ""
     where = f"on {stats['workers']} Ray workers ({stats['computed']} compressed, the rest read from the store) " \
         if "workers" in stats else ""
-    redis = index.compressor.store.redis
-    nuggets = f"Redis (namespace {redis.namespace})" if redis else args.index / NUGGETS_DIR
+    location = index.compressor.store.location
+    nuggets = f"Redis (namespace {location.namespace})" if location and location.is_redis else args.index / NUGGETS_DIR
     print(f"Ingested {stats['documents']} documents as {stats['chunks']} chunks ({added} new, "
           f"{stats['skipped']} already indexed){rate} {where}into {args.index}: {len(index)} chunks in all, "
           f"nuggets in {nuggets}")

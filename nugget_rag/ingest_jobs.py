@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .cancellation import Stop
 from .files import write_atomic
-from .store import DirectoryByteStore, NuggetStore
+from .store import NuggetStore
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,11 @@ class JobRecords:
     of the hash `<namespace>:ingest-jobs` in a Redis store, or memory for a store with neither."""
 
     def __init__(self, store: NuggetStore):
-        self._redis = store.byte_store.client if store.redis is not None else None
-        self._hash = f"{store.redis.namespace}:ingest-jobs" if store.redis is not None else ""
-        directory = isinstance(store.byte_store, DirectoryByteStore) and self._redis is None
-        self._folder = store.byte_store.directory / JOBS_FOLDER if directory else None
+        location = store.location
+        self._redis = store.redis_client
+        self._hash = f"{location.namespace}:ingest-jobs" if self._redis is not None else ""
+        directory = location.directory if location is not None else None
+        self._folder = directory / JOBS_FOLDER if directory is not None else None
         self._memory: dict[str, str] = {}  # where there is neither
 
     def put(self, job: IngestJob) -> None:

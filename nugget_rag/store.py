@@ -11,11 +11,12 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
-from urllib.parse import unquote_to_bytes
+from typing import Any
+from urllib.parse import parse_qsl, unquote, unquote_to_bytes, urlencode, urlsplit, urlunsplit
 
 import torch
 from langchain_core.stores import ByteStore
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .files import write_atomic
 from .identity import UNIDENTIFIED
@@ -112,12 +113,105 @@ def _unescape(name: str) -> str | None:
     return key if _escape(key) == name else None
 
 
-class RedisLocation(NamedTuple):
-    """Where a Redis-backed NuggetStore lives, so that another process (a Ray worker) can open the same store."""
+REDIS_SCHEMES = ("redis", "rediss", "unix")  # the URLs of a Redis store (redis-py's)
+_URL_SETTINGS = ("namespace", "ttl")  # a store URL's query parameters that are the location's, not redis-py's
+_FIX = "give redis://HOST:PORT/DB (or rediss://, unix:///SOCKET), optionally ?namespace=PREFIX, or a directory"
 
-    url: str
-    namespace: str
-    ttl: int | None
+
+class StoreLocation(BaseModel):
+    """Where a NuggetStore lives, so that another process (a server, a Ray worker) opens the same store: a Redis
+    server (its keys under `namespace/`, kept `ttl` seconds) or a directory (on a filesystem every node sees).
+
+    Parse what a user gives once (`parse`), pass the location down, and `open` it where the store is needed.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    redis_url: str | None = None
+    namespace: str = "nugget-rag"
+    ttl: int | None = None
+    directory: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_place(self) -> StoreLocation:
+        if (self.redis_url is None) == (self.directory is None):
+            raise ValueError("a store location needs redis_url or directory, and not both")
+        if self.redis_url is not None:
+            _check_redis_url(self.redis_url)
+        return self
+
+    @classmethod
+    def parse(cls, value: str | Path) -> StoreLocation:
+        """The location a user names: a Redis URL (`?namespace=PREFIX&ttl=SECONDS` set those), or a directory
+        (a path, or file:///PATH). A ValueError names a value that is neither, and the fix."""
+        if isinstance(value, Path):
+            return cls(directory=value)
+        scheme = _scheme(value)
+        if scheme is None:
+            return cls(directory=Path(value))
+        if scheme == "file":
+            return cls(directory=Path(unquote(urlsplit(value).path)))
+        _check_redis_url(value)
+        parts = urlsplit(value)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        settings = dict((k, v) for k, v in query if k in _URL_SETTINGS)
+        rest = urlencode([(k, v) for k, v in query if k not in _URL_SETTINGS])
+        try:
+            return cls(redis_url=urlunsplit(parts._replace(query=rest)), **settings)
+        except ValidationError as err:
+            raise ValueError(f"store URL {_redacted(value)!r} has a bad setting ({err.errors()[0]['msg']}): "
+                             f"{_FIX}") from None
+
+    @property
+    def url(self) -> str:
+        """The location as `parse` reads it: the Redis URL with its settings, or the directory's path."""
+        if self.redis_url is None:
+            return str(self.directory)
+        settings = {"namespace": self.namespace} if self.namespace != "nugget-rag" else {}
+        if self.ttl is not None:
+            settings["ttl"] = str(self.ttl)
+        if not settings:
+            return self.redis_url
+        joiner = "&" if urlsplit(self.redis_url).query else "?"
+        return self.redis_url + joiner + urlencode(settings)
+
+    @property
+    def is_redis(self) -> bool:
+        return self.redis_url is not None
+
+    def open(self) -> NuggetStore:
+        """The store here (a Redis server is checked now: StoreUnavailableError if it cannot be reached)."""
+        if self.redis_url is not None:
+            return NuggetStore.from_redis(self.redis_url, namespace=self.namespace, ttl=self.ttl)
+        return NuggetStore(directory=self.directory)
+
+    def __str__(self) -> str:
+        """For messages and logs: the URL without its password."""
+        return _redacted(self.url)
+
+
+def _scheme(value: str) -> str | None:
+    """The URL scheme `value` names, or None for a path (a Windows drive letter is no scheme)."""
+    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):", value)
+    return match.group(1).lower() if match else None
+
+
+def _check_redis_url(url: str) -> None:
+    """A ValueError naming `url` (without its password) unless it is a Redis URL that parses."""
+    scheme = _scheme(url)
+    if scheme not in REDIS_SCHEMES:
+        raise ValueError(f"store URL {_redacted(url)!r} names "
+                         f"{'no scheme' if scheme is None else f'the scheme {scheme!r}'}, not a Redis one "
+                         f"({', '.join(REDIS_SCHEMES)}): {_FIX}")
+    try:
+        urlsplit(url).port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError as err:
+        raise ValueError(f"store URL {_redacted(url)!r} does not parse ({err}): {_FIX}") from None
+
+
+def _redacted(url: str) -> str:
+    """`url` with any password replaced by ***."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]+://[^:@/]*:)[^@/]*@", r"\1***@", url)
 
 
 class StoreUnavailableError(OSError):
@@ -139,7 +233,7 @@ class NuggetStore:
             raise ValueError("pass byte_store or directory, not both")
         self.byte_store = DirectoryByteStore(directory) if directory is not None else byte_store
         self.max_memory_bytes = max_memory_bytes
-        self.redis: RedisLocation | None = None  # set by from_redis
+        self._redis: StoreLocation | None = None  # set by from_redis
         self.stats = {"memory_hits": 0, "store_hits": 0, "misses": 0, "corrupt": 0, "writes": 0, "bytes_written": 0}
         self._memory: OrderedDict[str, NuggetState] = OrderedDict()
         self._memory_bytes = 0
@@ -164,8 +258,23 @@ class NuggetStore:
         except Exception as err:
             raise StoreUnavailableError(f"cannot reach Redis at {url}: {err}; start the server or fix the URL") from err
         store = cls(byte_store=byte_store, max_memory_bytes=max_memory_bytes)
-        store.redis = RedisLocation(url, namespace, ttl)
+        store._redis = StoreLocation(redis_url=url, namespace=namespace, ttl=ttl)
         return store
+
+    @property
+    def location(self) -> StoreLocation | None:
+        """Where this store lives, for another process to open it: its Redis server or its directory; None for a
+        store in memory only, or over another ByteStore."""
+        if self._redis is not None:
+            return self._redis
+        if isinstance(self.byte_store, DirectoryByteStore):
+            return StoreLocation(directory=self.byte_store.directory.resolve())
+        return None
+
+    @property
+    def redis_client(self) -> Any:
+        """The client of this store's Redis server (for records kept beside the states), or None: no Redis store."""
+        return self.byte_store.client if self._redis is not None else None
 
     @staticmethod
     def key(text: str, fingerprint: str) -> str:
@@ -305,8 +414,8 @@ class NuggetStore:
         return state
 
     def _describe(self) -> str:
-        where = getattr(self.byte_store, "directory", None) or getattr(self.byte_store, "client", None)
-        return f"{type(self.byte_store).__name__}({where})" if where is not None else type(self.byte_store).__name__
+        location = self.location
+        return f"{type(self.byte_store).__name__}({location})" if location else type(self.byte_store).__name__
 
     def _corrupt(self, key: str, reason: str) -> None:
         logger.warning("nugget store entry %s is corrupt and was ignored: %s", key, reason)

@@ -154,6 +154,22 @@ def test_prune_keeps_the_states_of_every_index_saved_over_the_store(server, tmp_
     assert [store.get(t, compressor.fingerprint) is not None for t in TEXTS] == [False, False, True, True, True, True]
 
 
+def test_a_store_opens_at_its_parsed_location_under_its_prefix(server):
+    from langchain_core.documents import Document
+
+    from nugget_rag.ingest_jobs import IngestJob, JobRecords
+    from nugget_rag.store import StoreLocation
+
+    location = StoreLocation.parse(f"{server.url}?namespace=docs")
+    store = location.open()
+    assert store.location == location and location.namespace == "docs"
+    compressor = tiny_compressor(store)
+    compressor.invoke([Document(page_content=TEXTS[0])])
+    assert redis.Redis.from_url(server.url).exists(f"docs/{NuggetStore.key(TEXTS[0], compressor.fingerprint)}")
+    JobRecords(store).put(IngestJob(id=f"ingest-{'ab' * 16}", documents=1))
+    assert redis.Redis.from_url(server.url).hlen("docs:ingest-jobs") == 1
+
+
 def test_ingest_jobs_are_recorded_in_redis_for_every_server_over_it(server):
     pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
     from fastapi.testclient import TestClient

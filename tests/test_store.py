@@ -14,7 +14,7 @@ from langchain_core.stores import InMemoryByteStore
 from langchain_tests.integration_tests import BaseStoreAsyncTests, BaseStoreSyncTests
 
 from nugget_rag.state import CorruptStateError, NuggetState
-from nugget_rag.store import DirectoryByteStore, NuggetStore
+from nugget_rag.store import DirectoryByteStore, NuggetStore, StoreLocation
 
 
 def make_state(fingerprint: str = "fp", k: int = 3, seed: int = 0) -> NuggetState:
@@ -407,3 +407,39 @@ def test_states_of_the_first_format_still_load():
         NuggetState.from_bytes(save_tensors(tensors, metadata=meta))
     with pytest.raises(ValueError, match="unknown kv_format 'int3'"):
         state.compact("int3")
+
+
+@pytest.mark.parametrize("value", ["redis://localhost:6379/0", "rediss://:secret@cache:6380/2?namespace=docs&ttl=60",
+                                   "unix:///run/redis.sock?db=1&namespace=a/b", "/srv/nuggets"])
+def test_a_store_location_parses_and_round_trips(value):
+    location = StoreLocation.parse(value)
+    assert StoreLocation.parse(location.url) == location
+    assert StoreLocation.model_validate_json(location.model_dump_json()) == location  # as Ray ships it
+    if location.is_redis:
+        assert location.redis_url is not None and "namespace" not in location.redis_url
+        assert "secret" not in str(location)  # messages and logs never show the password
+
+
+def test_a_store_location_keeps_its_prefix_and_expiry():
+    location = StoreLocation.parse("redis://cache:6379/0?namespace=docs&ttl=60")
+    assert (location.redis_url, location.namespace, location.ttl) == ("redis://cache:6379/0", "docs", 60)
+    assert StoreLocation.parse("file:///srv/nuggets") == StoreLocation(directory=Path("/srv/nuggets"))
+
+
+@pytest.mark.parametrize(("value", "reason"), [("http://cache:6379", "the scheme 'http'"),
+                                               ("redis://cache:port/0", "does not parse"),
+                                               ("redis://:secret@cache:6379?ttl=soon", "has a bad setting")])
+def test_a_bad_store_url_is_refused_by_name_with_the_fix(value, reason):
+    with pytest.raises(ValueError, match=reason) as refused:
+        StoreLocation.parse(value)
+    message = str(refused.value)
+    assert value.replace(":secret@", ":***@") in message and "give redis://HOST:PORT/DB" in message
+    assert "secret" not in message
+
+
+def test_a_store_says_where_it_lives(tmp_path):
+    location = NuggetStore(directory=tmp_path / "nuggets").location
+    assert location == StoreLocation(directory=(tmp_path / "nuggets").resolve())
+    opened = location.open()
+    assert opened.location == location and opened.redis_client is None
+    assert NuggetStore().location is None and NuggetStore(byte_store=InMemoryByteStore()).location is None
