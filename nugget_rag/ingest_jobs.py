@@ -24,7 +24,6 @@ import uuid
 from collections.abc import Callable
 from typing import Literal
 
-from fastapi import HTTPException
 from langchain_core.documents import Document
 from pydantic import BaseModel, Field, ValidationError
 
@@ -43,6 +42,22 @@ STALE_S = 3 * HEARTBEAT_S  # a job under way whose record is older than this: it
 CLOSE_WAIT_S = 60.0  # how long a stopping server waits for the step its job has under way
 JOBS_FOLDER = "jobs"  # in a directory store
 _JOB_ID = re.compile(r"ingest-[0-9a-f]{32}")
+
+
+class IngestJobError(Exception):
+    """A request about ingest jobs that cannot be met (the server maps each kind to its HTTP status)."""
+
+
+class JobNotFound(IngestJobError, LookupError):
+    """No job has this id (or its record was dropped)."""
+
+
+class JobConflict(IngestJobError):
+    """The job cannot be changed here: another server runs it."""
+
+
+class JobsUnavailable(IngestJobError):
+    """This server takes no more jobs now: it is shutting down, or MAX_JOBS are under way."""
 
 
 class IngestJob(BaseModel):
@@ -166,9 +181,9 @@ class IngestJobs:
     def submit(self, documents: list[Document]) -> IngestJob:
         with self.lock:
             if self.closed.is_set():
-                raise HTTPException(503, "the server is shutting down; submit the job to another one")
+                raise JobsUnavailable("the server is shutting down; submit the job to another one")
             if len(self.running) >= MAX_JOBS:
-                raise HTTPException(503, f"{MAX_JOBS} ingest jobs are queued or running; retry once one is done")
+                raise JobsUnavailable(f"{MAX_JOBS} ingest jobs are queued or running; retry once one is done")
             job = IngestJob(id=f"ingest-{uuid.uuid4().hex}", documents=len(documents), server=self.server,
                             heartbeat=time.time())
             self.records.put(job)
@@ -187,8 +202,8 @@ class IngestJobs:
         with self.lock:
             job = self.running.get(job_id) or self.records.get(job_id)
             if job is None:
-                raise HTTPException(404, f"no ingest job {job_id!r} (a finished job is kept until {KEPT_JOBS} more "
-                                         "have finished)")
+                raise JobNotFound(f"no ingest job {job_id!r} (a finished job is kept until {KEPT_JOBS} more "
+                                  "have finished)")
             return self._reported([job])[0]
 
     def listed(self) -> list[IngestJob]:
@@ -205,7 +220,7 @@ class IngestJobs:
                 job.status, job.finished = "cancelled", time.time()
                 self._finish(job)
             elif job.active:
-                raise HTTPException(409, f"ingest job {job_id!r} runs on the server {job.server}: cancel it there")
+                raise JobConflict(f"ingest job {job_id!r} runs on the server {job.server}: cancel it there")
             return job.model_copy()
 
     def close(self) -> None:

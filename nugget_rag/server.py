@@ -72,7 +72,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import BatchedGenerator
 from .cancellation import RequestCancelled, cancellable, check
-from .ingest_jobs import IngestJob, IngestJobs, JobRecords
+from .ingest_jobs import IngestJob, IngestJobError, IngestJobs, JobConflict, JobNotFound, JobRecords, JobsUnavailable
 from .llm import NuggetLLM
 from .resolution import RESOLUTIONS
 from .server_middleware import ApiKey, BodyLimit, Metrics
@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PAGE = Path(__file__).with_name("page.html")  # GET /
+JOB_ERROR_STATUS = {JobNotFound: 404, JobConflict: 409, JobsUnavailable: 503}  # ingest_jobs.py's errors
 
 
 def _check_unicode(where: str, text: str) -> None:
@@ -554,6 +555,10 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         return refusal(request, err.status_code, err.detail, err.headers)
+
+    @app.exception_handler(IngestJobError)
+    async def job_error(request: Request, err: IngestJobError) -> JSONResponse:
+        return refusal(request, JOB_ERROR_STATUS[type(err)], str(err))
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, err: ValueError) -> JSONResponse:

@@ -354,6 +354,18 @@ def test_a_background_ingest_job_reports_progress_and_can_be_cancelled(index, tm
         assert missing.status_code == 404 and "'ingest-nope'" in missing.json()["detail"]
 
 
+def test_job_errors_map_to_their_status_codes(index, tmp_path, monkeypatch):
+    """ingest_jobs.py raises domain errors; the server answers each with its status and the error's message."""
+    from nugget_rag import ingest_jobs
+
+    monkeypatch.setattr(ingest_jobs, "MAX_JOBS", 0)
+    with TestClient(create_app(index, tmp_path)) as client:
+        busy = client.post("/ingest/jobs", json={"documents": ["a."]})
+        assert busy.status_code == 503 and busy.json() == {"detail": "0 ingest jobs are queued or running; retry "
+                                                                      "once one is done"}
+        assert client.delete("/ingest/jobs/ingest-nope").status_code == 404
+
+
 def test_questions_are_answered_while_a_500_document_job_runs(index):
     """Every question asked while the job runs is answered, and the job is done whole. How long the answers take
     meanwhile: benchmarks/job_latency.py."""
