@@ -57,9 +57,8 @@ def load_compressor(args: argparse.Namespace, store_dir: Path | None = None) -> 
     """The nugget model named by --checkpoint/--base-model/--device, with its nuggets in the Redis of --store (checked
     first), else a store in `store_dir`, else memory."""
     from .integrations import load_compressor as load
-    from .store import NuggetStore
 
-    store = NuggetStore.from_redis(args.store) if getattr(args, "store", None) else None
+    store = args.store.open() if getattr(args, "store", None) else None
     return load(args.checkpoint, base_model=args.base_model, store_dir=None if store else store_dir, store=store,
                 device=args.device, ratio=getattr(args, "ratio", None), dtype=getattr(args, "dtype", None))
 
@@ -330,7 +329,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.store and not saved.startswith("redis"):
         raise UserError(f"the index in {args.index} keeps its nuggets in {args.index / NUGGETS_DIR}, not in Redis; "
                         "leave out --store")
-    store = NuggetStore.from_redis(args.store) if args.store else NuggetStore(directory=args.index / NUGGETS_DIR)
+    store = args.store.open() if args.store else NuggetStore(directory=args.index / NUGGETS_DIR)
     report = prune([args.index], store)
     gone = f"; forgot {len(report.forgotten)} deleted indexes ({', '.join(report.forgotten)})" if report.forgotten else ""
     print(f"Pruned the nugget store of {args.index}: removed {report.removed} states no index references "

@@ -6,10 +6,13 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from .checkpoint_files import DEFAULT_CHECKPOINT
 from .config import MergedFormat, NuggetConfig
+
+if TYPE_CHECKING:
+    from .store import StoreLocation
 
 # A Ray cluster's address: HOST:PORT (the head's GCS port) or ray://HOST:PORT (Ray Client); "auto" is also taken.
 RAY_ADDRESS = re.compile(r"(ray://)?(?P<host>[^\s:/\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})")
@@ -80,10 +83,25 @@ def replica_range(value: str) -> tuple[int, int | None]:
     return bounds
 
 
+def redis_store(value: str) -> StoreLocation:
+    """--store: a Redis URL, parsed once into the location every command passes down."""
+    from .store import StoreLocation
+
+    try:
+        location = StoreLocation.parse(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if not location.is_redis:
+        raise argparse.ArgumentTypeError(f"--store takes a Redis URL (redis://HOST:PORT/DB), not the path {value!r}: "
+                                         "an index keeps its nuggets in DIR/nuggets without --store")
+    return location
+
+
 def add_store_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", metavar="REDIS_URL",
-                        help="keep the nuggets in this Redis (redis://HOST:PORT/DB, the [redis] extra), shared by "
-                             "every machine that reaches it; default: DIR/nuggets")
+    parser.add_argument("--store", metavar="REDIS_URL", type=redis_store,
+                        help="keep the nuggets in this Redis (redis://HOST:PORT/DB, ?namespace=PREFIX for a key "
+                             "prefix other than nugget-rag; the [redis] extra), shared by every machine that reaches "
+                             "it; default: DIR/nuggets")
 
 
 def json_object(value: str) -> dict:

@@ -120,7 +120,7 @@ def ingested(cluster, redis_url, corpus, tmp_path_factory):
     loader = TinyLoader(log=str(work / "computed.log"), crash=str(work / "crashed"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cli, "load_compressor", lambda args, store_dir=None: tiny_compressor(
-            NuggetStore.from_redis(args.store)))
+            args.store.open()))
         patch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
         patch.setattr(cli, "ray_model_loader", lambda args: loader)
         code = cli.main(["ingest", *corpus, "--index", str(work / "index"), "--store", redis_url, "--ray",

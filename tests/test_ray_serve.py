@@ -183,7 +183,7 @@ def test_bad_input_is_refused_before_any_replica_starts(served, ingested, redis_
     assert cli.main([*serving, "--replicas", "2"]) == 2
     assert "add --ray" in capsys.readouterr().err
     monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: tiny_compressor(
-        NuggetStore.from_redis(args.store), seed=1))
+        args.store.open(), seed=1))
     assert cli.main([*serving, "--ray", "--replicas", "2"]) == 2
     assert f"the index in {served['index_dir']} holds nuggets of tiny-llama" in capsys.readouterr().err
     with pytest.raises(ModelMismatchError, match="serve it with the checkpoint and base model it was ingested with"):
