@@ -132,6 +132,15 @@ def test_ask_with_int8_weights_decodes_in_int8(capsys, corpus, tmp_path, tiny_mo
         tiny_model.to(torch.float32)
 
 
+@pytest.mark.parametrize(("store", "reason"), [("http://cache:6379", "names the scheme 'http'"),
+                                               ("redis://cache:port/0", "does not parse"),
+                                               ("cache-dir", "takes a Redis URL")])
+def test_a_bad_store_is_refused_by_name_before_the_model_loads(capsys, tmp_path, store, reason):
+    assert cli.main(["ingest", str(tmp_path), "--index", str(tmp_path / "index"), "--store", store]) == 2
+    err = capsys.readouterr().err
+    assert "--store: " in err and repr(store) in err and reason in err and "redis://HOST:PORT/DB" in err
+
+
 def test_ask_without_index_is_a_user_error(capsys, tmp_path):
     assert cli.main(["ask", "anything?", "--index", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
