@@ -208,6 +208,15 @@ def test_paired_answers_pairs_questions_and_finds_answers_cut_mid_sentence(tmp_p
         paired.load(f"{after}:gone")
 
 
+def test_merge_predictions_replaces_the_answers_rerun_and_refuses_strangers():
+    merge = load_script("merge_predictions")
+    run = [{"task": "squad_rag", "system": "s", "id": i, "output": o} for i, o in (("a", "x x"), ("b", "y"))]
+    rerun = [{"task": "squad_rag", "system": "s", "id": "a", "output": "x"}]
+    assert [r["output"] for r in merge.merge(run, rerun)] == ["x", "y"]
+    with pytest.raises(SystemExit, match="1 answer"):
+        merge.merge(run, [{**rerun[0], "system": "other"}])
+
+
 def test_store_scale_ingest_reports_consistent_counts_bytes_and_rates(make_model, tmp_path):
     """benchmarks/store_scale.py's core at a few passages: the directory store, no Redis, no Ray."""
     scale = load_script("store_scale")
