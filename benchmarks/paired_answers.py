@@ -3,6 +3,10 @@ paired difference from the first, where its answers stop (the share that reach t
 cut mid-sentence there), and the share that repeat themselves (an n-gram of the decoder's tokens twice).
 
     python benchmarks/paired_answers.py RUN-predictions.jsonl[:SYSTEM] ... [--limit 64] [--ngram 8] [--out OUT]
+        [--repeating-ids FILE]
+
+--repeating-ids writes the ids of the first system's answers that repeat an n-gram: the only answers that greedy
+decoding under `no_repeat_ngram_size=n` changes, to rerun with `nugget-rag eval --only-ids FILE`.
 
 Each argument names a predictions file (`nugget-rag eval` writes NAME-predictions.jsonl) and, after a colon, one
 of its systems (default: every system in it, in order). Only the questions every system answered are compared.
@@ -57,6 +61,11 @@ def compare(systems: dict[str, dict[str, dict]], encode, limit: int, ngram: int 
     return rows
 
 
+def repeating(predictions: dict[str, dict], encode, ngram: int) -> list[str]:
+    """The ids of the answers whose tokens repeat an `ngram`-gram."""
+    return [q for q, p in predictions.items() if first_repeat(encode(p["output"]), ngram) is not None]
+
+
 def table(rows: list[dict], limit: int, ngram: int = 8) -> str:
     lines = [f"| system | correct | paired vs the first | reach {limit} tokens | cut mid-sentence | mean tokens | "
              f"repeat a {ngram}-gram |", "|---|---|---|---|---|---|---|"]
@@ -74,12 +83,15 @@ def main() -> int:
     parser.add_argument("--ngram", type=int, default=8, help="count the answers that repeat an n-gram of this many "
                         "tokens (default 8)")
     parser.add_argument("--out", type=Path, help="also write OUT.md and OUT.json")
+    parser.add_argument("--repeating-ids", type=Path, metavar="FILE", help="write the ids of the first system's "
+                        "answers that repeat an --ngram n-gram, one a line")
     args = parser.parse_args()
     systems: dict[str, dict[str, dict]] = {}
     for spec in args.runs:
         systems |= load(spec)
     tokenizer = load_base_model().tokenizer
-    rows = compare(systems, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], args.limit, args.ngram)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = compare(systems, encode, args.limit, args.ngram)
     text = table(rows, args.limit, args.ngram)
     print(text)
     if args.out:
@@ -87,6 +99,10 @@ def main() -> int:
         args.out.with_suffix(".md").write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(
             {"runs": args.runs, "limit": args.limit, "ngram": args.ngram, "rows": rows}, indent=1))
+    if args.repeating_ids:
+        ids = repeating(next(iter(systems.values())), encode, args.ngram)
+        args.repeating_ids.write_text("".join(f"{q}\n" for q in ids))
+        print(f"{args.repeating_ids}: {len(ids)} answers repeat a {args.ngram}-gram")
     return 0
 
 

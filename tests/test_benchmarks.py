@@ -204,6 +204,7 @@ def test_paired_answers_pairs_questions_and_finds_answers_cut_mid_sentence(tmp_p
     assert (rows[0]["reached_limit"], rows[0]["cut_mid_sentence"]) == (50.0, 50.0)
     assert (rows[1]["reached_limit"], rows[1]["cut_mid_sentence"]) == (50.0, 0.0)  # finished its sentence
     assert (rows[0]["repeat_ngram"], rows[1]["repeat_ngram"]) == (0.0, 50.0)  # "Paris is big." twice
+    assert paired.repeating(systems["new (after)"], str.split, 3) == ["a"]
     with pytest.raises(SystemExit, match="no predictions of system 'gone'"):
         paired.load(f"{after}:gone")
 
