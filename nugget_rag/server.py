@@ -10,8 +10,9 @@
                    k: chunks retrieved, resolution: how each is read (a name of nugget_rag.resolution.RESOLUTIONS,
                    default "default"), finish_sentence: tokens past max_new_tokens to end the sentence it cut
                    (default 32); no_repeat_ngram_size: no n-gram of this many tokens twice in the answer (default
-                   ANSWER_NO_REPEAT_NGRAM_SIZE, 0: off), repetition_penalty (default 1: off); passages (default false): the last line also holds "passages", every chunk retrieved
-                   with its reading, tokens and nuggets (visualize.reading_view): what the page shows
+                   ANSWER_NO_REPEAT_NGRAM_SIZE, 0: off), repetition_penalty (default 1: off); passages (default
+                   false): the last line also holds "passages", every chunk retrieved with its reading, tokens and
+                   nuggets (visualize.reading_view): what the page shows
                    stream (default): NDJSON lines {"text": piece}..., then {"sources", "usage", "finish_reason"}; a
                    failure after the first line ends the stream with {"error": {"message", "status"}}
                    otherwise: {"answer", "sources", "usage", "finish_reason"}; finish_reason as OpenAI's: "stop" (the

@@ -87,7 +87,7 @@ class EvalConfig(BaseModel):
     qa_finish_sentence: int = Field(0, ge=0, description="QA: past qa_max_new_tokens, up to this many more tokens to "
                                     "end the sentence the limit cut (GenerationSettings.finish_sentence; 0: the paper's hard limit).")
     qa_no_repeat_ngram_size: int = Field(0, ge=0, description="QA: never generate an n-gram of this size twice in "
-                                         "an answer (GenerationSettings.no_repeat_ngram_size; 0: off, as in the paper).")
+                                         "an answer (GenerationSettings.no_repeat_ngram_size; 0: off, as the paper).")
     qa_repetition_penalty: float = Field(1.0, ge=1.0, allow_inf_nan=False, description="QA: "
                                          "GenerationSettings.repetition_penalty (1: off, as in the paper).")
     only_ids: list[str] | None = Field(None, description="Of the examples a task would evaluate (after its split, "

@@ -194,7 +194,8 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
             key = (id(w.reading.model or model), w.reading.adapter, w.reading.soft_prompt,
                    examples[w.index].query.max_new_tokens)
             groups.setdefault(key, []).append(w)
-        settings = GenerationSettings(max_new_tokens=1, temperature=0, **(cfg.qa_generation() if task.kind == "qa" else {}))
+        settings = GenerationSettings(max_new_tokens=1, temperature=0,
+                                      **(cfg.qa_generation() if task.kind == "qa" else {}))
         for (_, adapter, soft, max_new), items in groups.items():
             items.sort(key=lambda w: len(w.prefix) + len(w.prompt) + sum(s.k for s in w.reading.states or []))
             for start in range(0, len(items), cfg.batch_size):
