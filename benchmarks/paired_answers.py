@@ -1,8 +1,12 @@
 """QA systems side by side on the same questions, from the harness's prediction files: each one's accuracy, its
-paired difference from the first, and where its answers stop (the share that reach the token limit, and the share
-cut mid-sentence there).
+paired difference from the first, where its answers stop (the share that reach the token limit, and the share
+cut mid-sentence there), and the share that repeat themselves (an n-gram of the decoder's tokens twice).
 
-    python benchmarks/paired_answers.py RUN-predictions.jsonl[:SYSTEM] ... [--limit 64] [--out OUT]
+    python benchmarks/paired_answers.py RUN-predictions.jsonl[:SYSTEM] ... [--limit 64] [--ngram 8] [--out OUT]
+        [--repeating-ids FILE]
+
+--repeating-ids writes the ids of the first system's answers that repeat an n-gram: the only answers that greedy
+decoding under `no_repeat_ngram_size=n` changes, to rerun with `nugget-rag eval --only-ids FILE`.
 
 Each argument names a predictions file (`nugget-rag eval` writes NAME-predictions.jsonl) and, after a colon, one
 of its systems (default: every system in it, in order). Only the questions every system answered are compared.
@@ -16,7 +20,7 @@ from pathlib import Path
 
 from nugget_rag.base_model import load_base_model
 from nugget_rag.metrics import answer_correct, paired_difference
-from nugget_rag.text import ends_sentence
+from nugget_rag.text import ends_sentence, first_repeat
 
 
 def load(spec: str) -> dict[str, dict[str, dict]]:
@@ -33,8 +37,9 @@ def load(spec: str) -> dict[str, dict[str, dict]]:
     return found
 
 
-def compare(systems: dict[str, dict[str, dict]], tokens, limit: int) -> list[dict]:
-    """One row a system: correct (%), paired vs the first (mean, se), reached the limit (%), cut mid-sentence (%)."""
+def compare(systems: dict[str, dict[str, dict]], encode, limit: int, ngram: int = 8) -> list[dict]:
+    """One row a system: correct (%), paired vs the first (mean, se), reached the limit (%), cut mid-sentence (%),
+    repeat an `ngram`-gram (%); `encode` gives an answer's tokens."""
     ids = sorted(set.intersection(*(set(p) for p in systems.values())))
     if not ids:
         raise SystemExit("the systems share no question: compare runs over the same questions")
@@ -44,22 +49,30 @@ def compare(systems: dict[str, dict[str, dict]], tokens, limit: int) -> list[dic
         right = [float(answer_correct(predictions[q]["output"], predictions[q]["references"])) for q in ids]
         first = first or right
         mean, se = paired_difference(first, right)
-        lengths = [tokens(predictions[q]["output"]) for q in ids]
+        encoded = [encode(predictions[q]["output"]) for q in ids]
+        lengths = [len(e) for e in encoded]
+        repeats = [first_repeat(e, ngram) is not None for e in encoded]
         reached = [n >= limit - 1 for n in lengths]  # decoding and re-encoding may merge a token
         cut = [r and not ends_sentence(predictions[q]["output"]) for r, q in zip(reached, ids)]
         rows.append({"system": label, "questions": len(ids), "correct": 100 * sum(right) / len(ids),
                      "paired": 100 * mean, "paired_se": 100 * se, "reached_limit": 100 * sum(reached) / len(ids),
-                     "cut_mid_sentence": 100 * sum(cut) / len(ids), "mean_tokens": sum(lengths) / len(ids)})
+                     "cut_mid_sentence": 100 * sum(cut) / len(ids), "mean_tokens": sum(lengths) / len(ids),
+                     "repeat_ngram": 100 * sum(repeats) / len(ids)})
     return rows
 
 
-def table(rows: list[dict], limit: int) -> str:
-    lines = [f"| system | correct | paired vs the first | reach {limit} tokens | cut mid-sentence | mean tokens |",
-             "|---|---|---|---|---|---|"]
+def repeating(predictions: dict[str, dict], encode, ngram: int) -> list[str]:
+    """The ids of the answers whose tokens repeat an `ngram`-gram."""
+    return [q for q, p in predictions.items() if first_repeat(encode(p["output"]), ngram) is not None]
+
+
+def table(rows: list[dict], limit: int, ngram: int = 8) -> str:
+    lines = [f"| system | correct | paired vs the first | reach {limit} tokens | cut mid-sentence | mean tokens | "
+             f"repeat a {ngram}-gram |", "|---|---|---|---|---|---|---|"]
     for i, row in enumerate(rows):
         paired = "" if i == 0 else f"{row['paired']:+.1f} ± {row['paired_se']:.1f}"
         lines.append(f"| {row['system']} | {row['correct']:.1f} | {paired} | {row['reached_limit']:.0f}% | "
-                     f"{row['cut_mid_sentence']:.0f}% | {row['mean_tokens']:.0f} |")
+                     f"{row['cut_mid_sentence']:.0f}% | {row['mean_tokens']:.0f} | {row['repeat_ngram']:.0f}% |")
     return "\n".join(lines) + f"\n\n{rows[0]['questions']} questions answered by every system.\n"
 
 
@@ -67,20 +80,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="PREDICTIONS[:SYSTEM]")
     parser.add_argument("--limit", type=int, default=64, help="the runs' max_new_tokens (default 64, the harness's)")
+    parser.add_argument("--ngram", type=int, default=8, help="count the answers that repeat an n-gram of this many "
+                        "tokens (default 8)")
     parser.add_argument("--out", type=Path, help="also write OUT.md and OUT.json")
+    parser.add_argument("--repeating-ids", type=Path, metavar="FILE", help="write the ids of the first system's "
+                        "answers that repeat an --ngram n-gram, one a line")
     args = parser.parse_args()
     systems: dict[str, dict[str, dict]] = {}
     for spec in args.runs:
         systems |= load(spec)
     tokenizer = load_base_model().tokenizer
-    rows = compare(systems, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]), args.limit)
-    text = table(rows, args.limit)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = compare(systems, encode, args.limit, args.ngram)
+    text = table(rows, args.limit, args.ngram)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps({"runs": args.runs, "limit": args.limit, "rows": rows},
-                                                            indent=1))
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"runs": args.runs, "limit": args.limit, "ngram": args.ngram, "rows": rows}, indent=1))
+    if args.repeating_ids:
+        ids = repeating(next(iter(systems.values())), encode, args.ngram)
+        args.repeating_ids.write_text("".join(f"{q}\n" for q in ids))
+        print(f"{args.repeating_ids}: {len(ids)} answers repeat a {args.ngram}-gram")
     return 0
 
 

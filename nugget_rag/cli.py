@@ -29,6 +29,7 @@ from langchain_core.vectorstores import VectorStore
 from .cli_options import (
     UserError,
     add_checkpoint_option,
+    add_repetition_options,
     add_store_option,
     add_vectorstore_option,
     add_verbose_option,
@@ -190,7 +191,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     index = NuggetIndex.load(args.index, compressor, embeddings, vectorstore=load_vectorstore(args, embeddings))
     if not len(index):
         raise UserError(f"the index in {args.index} is empty; ingest documents into it first")
-    llm = NuggetLLM(compressor=index.compressor, max_new_tokens=args.max_new_tokens)
+    llm = NuggetLLM(compressor=index.compressor, max_new_tokens=args.max_new_tokens,
+                    no_repeat_ngram_size=args.no_repeat_ngram, repetition_penalty=args.repetition_penalty)
     answer = None
     for chunk in build_qa_chain(index, llm, k=args.k, resolution=args.resolution).stream(args.question):
         if chunk.content:
@@ -217,7 +219,8 @@ def _ask_server(args: argparse.Namespace) -> int:
     from .integrations import source_label
 
     body = json.dumps({"question": args.question, "k": args.k, "resolution": args.resolution,
-                       "max_new_tokens": args.max_new_tokens}).encode()
+                       "max_new_tokens": args.max_new_tokens, "no_repeat_ngram_size": args.no_repeat_ngram,
+                       "repetition_penalty": args.repetition_penalty}).encode()
     headers = {"Content-Type": "application/json"}
     if key := os.environ.get(API_KEY_ENV):
         headers["Authorization"] = f"Bearer {key}"
@@ -458,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--resolution", choices=RESOLUTIONS, default="default",
                      help=("how each chunk is read: default (the best measured policy), uniform (all as nuggets at "
                            "the index's ratio), or a policy of nugget_rag.resolution with its defaults"))
+    add_repetition_options(ask)
     add_weights_option(ask)
     add_store_option(ask)
     add_vectorstore_option(ask)

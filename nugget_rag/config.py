@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 ENCODER = "encoder"
 DECODER = "decoder"
 PROBE_RATIO = 4.0  # the ratio the default policy reads every retrieved passage at, so the finest a store keeps
+# The default against loops of the package's answers (its chat models, `nugget-rag ask`, the server's /ask and
+# OpenAI route): no n-gram of this many tokens twice in an answer. Chosen on squad_rag dev (BENCHMARKS.md,
+# "Answers that end, once"); GenerationSettings and the eval harness keep the paper's plain greedy decoding.
+ANSWER_NO_REPEAT_NGRAM_SIZE = 8
 MergedFormat = Literal["float", "int8"]  # how passes without autograd run merged adapters (adapters.py, int8.py)
 # How generation decodes after the prompt (static_decoding.py): "dynamic", a KV cache that grows, eager (the default);
 # "static", a preallocated one; "compiled", static, each one-token step through torch.compile (CUDA graphs on CUDA).

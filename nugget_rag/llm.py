@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .batching import BatchedGenerator
 from .compressor import NuggetCompressor, as_documents
-from .config import DECODER
+from .config import ANSWER_NO_REPEAT_NGRAM_SIZE, DECODER
 from .generation import GenerationSettings, RowSteps, generation_steps
 from .model import NuggetModel
 from .prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction, takes_question
@@ -38,7 +38,8 @@ class GenerationOptions(BaseModel):
     stop: list[str] | None = None
     seed: int | None = None
     repetition_penalty: float = Field(1.0, ge=1.0, allow_inf_nan=False, description="Above 1 discourages repeating generated tokens.")
-    no_repeat_ngram_size: int = Field(0, ge=0, description="Never repeat a generated n-gram of this size (0: off).")
+    no_repeat_ngram_size: int = Field(ANSWER_NO_REPEAT_NGRAM_SIZE, ge=0, description="Never repeat a generated n-gram "
+                                      "of this many tokens (0: off); the default keeps a small model from looping.")
 
     def generation_settings(self, stop: list[str] | None, overrides: Mapping[str, Any]) -> GenerationSettings:
         names = ("max_new_tokens", "finish_sentence", "temperature", "top_p", "seed", "repetition_penalty",

@@ -5,11 +5,14 @@
     GET  /health                     {"status": "ok", "model", "ratio", "chunks", "pending", "batches", "mean_batch"}
     GET  /metrics                    Prometheus metrics: requests and errors by status, pending requests, cancelled
                                      requests, tokens in and out, nuggets read, latency histograms
-    POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "finish_sentence"?, "stream"?, "passages"?};
+    POST /ask      {"question", "k"?, "resolution"?, "max_new_tokens"?, "finish_sentence"?, "no_repeat_ngram_size"?,
+                   "repetition_penalty"?, "stream"?, "passages"?};
                    k: chunks retrieved, resolution: how each is read (a name of nugget_rag.resolution.RESOLUTIONS,
                    default "default"), finish_sentence: tokens past max_new_tokens to end the sentence it cut
-                   (default 32); passages (default false): the last line also holds "passages", every chunk retrieved
-                   with its reading, tokens and nuggets (visualize.reading_view): what the page shows
+                   (default 32); no_repeat_ngram_size: no n-gram of this many tokens twice in the answer (default
+                   ANSWER_NO_REPEAT_NGRAM_SIZE, 0: off), repetition_penalty (default 1: off); passages (default
+                   false): the last line also holds "passages", every chunk retrieved with its reading, tokens and
+                   nuggets (visualize.reading_view): what the page shows
                    stream (default): NDJSON lines {"text": piece}..., then {"sources", "usage", "finish_reason"}; a
                    failure after the first line ends the stream with {"error": {"message", "status"}}
                    otherwise: {"answer", "sources", "usage", "finish_reason"}; finish_reason as OpenAI's: "stop" (the
@@ -31,6 +34,7 @@
     GET  /v1/models             the served model, in OpenAI's format
     POST /v1/chat/completions   OpenAI's chat format (messages, max_tokens, stream as server-sent events): the last
                    user message is the question, answered from the retrieved chunks; the answer names its sources.
+                   no_repeat_ngram_size and repetition_penalty as /ask's (extra fields, as vLLM takes them).
                    A failure after the first event ends the stream with a `data: {"error": {...}}` event
 
 Job records live in the nugget store, so a restarted server, or another one over the store, reports them; a job
@@ -72,6 +76,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import BatchedGenerator
 from .cancellation import RequestCancelled, cancellable, check
+from .config import ANSWER_NO_REPEAT_NGRAM_SIZE
 from .ingest_jobs import IngestJob, IngestJobError, IngestJobs, JobConflict, JobNotFound, JobRecords, JobsUnavailable
 from .llm import NuggetLLM
 from .resolution import RESOLUTIONS
@@ -100,6 +105,10 @@ def _unicode(value: str, info: ValidationInfo) -> str:
 Text = Annotated[str, AfterValidator(_unicode)]
 
 
+NO_REPEAT = "No n-gram of this many tokens twice in the answer (0: off); the default keeps answers from looping."
+REPETITION_PENALTY = "Above 1, makes the tokens already generated less likely (1: off)."
+
+
 class AskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -108,6 +117,8 @@ class AskRequest(BaseModel):
     resolution: str = Field("default", description=f"How each chunk is read: one of {', '.join(RESOLUTIONS)}.")
     max_new_tokens: int = Field(128, ge=1, le=2048)
     finish_sentence: int = Field(32, ge=0, le=256, description="Tokens past max_new_tokens to end the sentence it cut.")
+    no_repeat_ngram_size: int = Field(ANSWER_NO_REPEAT_NGRAM_SIZE, ge=0, le=2048, description=NO_REPEAT)
+    repetition_penalty: float = Field(1.0, ge=1.0, le=100.0, description=REPETITION_PENALTY)
     stream: bool = True
     passages: bool = Field(False, description="Also return every chunk retrieved: its reading, relevance, tokens and "
                            "nuggets (the page at / shows them).")
@@ -145,7 +156,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(BaseModel):
     """The part of OpenAI's chat completion request that applies (others, such as temperature, are accepted and
-    ignored: answers are greedy)."""
+    ignored: answers are greedy), and /ask's settings against loops."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -154,6 +165,8 @@ class ChatRequest(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1, le=2048, description="OpenAI's newer name for max_tokens.")
     stream: bool = False
     k: int = Field(4, ge=1, le=64)
+    no_repeat_ngram_size: int = Field(ANSWER_NO_REPEAT_NGRAM_SIZE, ge=0, le=2048, description=NO_REPEAT)
+    repetition_penalty: float = Field(1.0, ge=1.0, le=100.0, description=REPETITION_PENALTY)
 
     @property
     def limit(self) -> int:
@@ -354,7 +367,9 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
             try:
                 with cancellable(slot.stop):
                     llm = NuggetLLM(compressor=compressor, max_new_tokens=request.max_new_tokens,
-                                    finish_sentence=request.finish_sentence, batcher=batcher)
+                                    finish_sentence=request.finish_sentence,
+                                    no_repeat_ngram_size=request.no_repeat_ngram_size,
+                                    repetition_penalty=request.repetition_penalty, batcher=batcher)
                     with index_lock:
                         docs = index.as_retriever(k=request.k).invoke(request.question)
                     check()
@@ -433,7 +448,9 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
         if not questions:
             raise HTTPException(422, "the messages hold no user message with a question")
         ask_request = AskRequest(question=questions[-1], k=request.k, max_new_tokens=request.limit,
-                                 finish_sentence=0, stream=request.stream)  # OpenAI's max_tokens is a hard limit
+                                 finish_sentence=0,  # OpenAI's max_tokens is a hard limit
+                                 no_repeat_ngram_size=request.no_repeat_ngram_size,
+                                 repetition_penalty=request.repetition_penalty, stream=request.stream)
 
         identity = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model_name}
         if not request.stream:

@@ -195,15 +195,27 @@ def test_paired_answers_pairs_questions_and_finds_answers_cut_mid_sentence(tmp_p
 
     long = "It is a city in the north of France and it is"  # 12 words: at the limit, mid-sentence
     before = write("before", "old", {"a": "Paris.", "b": long, "c": "Lyon."})
-    after = write("after", "new", {"a": "Paris.", "b": long + " Paris, they say.", "d": "Nice."})
+    after = write("after", "new", {"a": "Paris. Paris is big. Paris is big.", "b": long + " Paris, they say.",
+                                   "d": "Nice."})
     systems = paired.load(before) | paired.load(f"{after}:new")
-    rows = paired.compare(systems, lambda text: len(text.split()), limit=12)
+    rows = paired.compare(systems, str.split, limit=12, ngram=3)
     assert [r["system"] for r in rows] == ["old (before)", "new (after)"] and rows[0]["questions"] == 2
     assert (rows[0]["correct"], rows[1]["correct"], rows[1]["paired"]) == (50.0, 100.0, 50.0)
     assert (rows[0]["reached_limit"], rows[0]["cut_mid_sentence"]) == (50.0, 50.0)
     assert (rows[1]["reached_limit"], rows[1]["cut_mid_sentence"]) == (50.0, 0.0)  # finished its sentence
+    assert (rows[0]["repeat_ngram"], rows[1]["repeat_ngram"]) == (0.0, 50.0)  # "Paris is big." twice
+    assert paired.repeating(systems["new (after)"], str.split, 3) == ["a"]
     with pytest.raises(SystemExit, match="no predictions of system 'gone'"):
         paired.load(f"{after}:gone")
+
+
+def test_merge_predictions_replaces_the_answers_rerun_and_refuses_strangers():
+    merge = load_script("merge_predictions")
+    run = [{"task": "squad_rag", "system": "s", "id": i, "output": o} for i, o in (("a", "x x"), ("b", "y"))]
+    rerun = [{"task": "squad_rag", "system": "s", "id": "a", "output": "x"}]
+    assert [r["output"] for r in merge.merge(run, rerun)] == ["x", "y"]
+    with pytest.raises(SystemExit, match="1 answer"):
+        merge.merge(run, [{**rerun[0], "system": "other"}])
 
 
 def test_store_scale_ingest_reports_consistent_counts_bytes_and_rates(make_model, tmp_path):

@@ -12,7 +12,9 @@ from test_integrations import HashEmbeddings
 from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore, cli, cli_options
+from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE
 from nugget_rag.integrations import NuggetIndex, build_qa_chain
+from nugget_rag.text import first_repeat
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,31 @@ def test_ask_streams_an_answer_and_lists_sources(capsys, corpus, tmp_path, tiny_
     assert expected.content and answer == expected.content + "\n"
     lines = sources.strip().splitlines()
     assert len(lines) == 2 and lines[0].strip().startswith("jupiter  title='Jupiter'")
+
+
+def test_ask_answers_without_loops_by_default_and_can_turn_it_off(capsys, corpus, tmp_path, tiny_model):
+    index_dir = tmp_path / "index"
+    ingest(capsys, corpus, index_dir)
+    index = NuggetIndex.load(index_dir, NuggetCompressor(model=tiny_model), HashEmbeddings())
+
+    def ask(*options: str) -> str:
+        assert cli.main(["ask", "Which planet?", "--index", str(index_dir), "--max-new-tokens", "60", *options]) == 0
+        return capsys.readouterr().out.split("Sources:\n")[0].removesuffix("\n")
+
+    def chain(**settings) -> str:
+        llm = NuggetLLM(compressor=index.compressor, max_new_tokens=60, **settings)
+        return build_qa_chain(index, llm).invoke("Which planet?").content
+
+    loops, default = ask("--no-repeat-ngram", "0"), ask()
+    assert loops == chain(no_repeat_ngram_size=0)
+    assert first_repeat(loops, ANSWER_NO_REPEAT_NGRAM_SIZE) is not None  # the tiny tokenizer: a token a character
+    assert default == chain(no_repeat_ngram_size=ANSWER_NO_REPEAT_NGRAM_SIZE) != loops
+    penalised = ask("--no-repeat-ngram", "0", "--repetition-penalty", "5")
+    assert penalised == chain(no_repeat_ngram_size=0, repetition_penalty=5.0) != loops
+    for bad, error in ((["--no-repeat-ngram", "-1"], "must be >= 0 (0: off), got -1"),
+                       (["--repetition-penalty", "0.5"], "must be a finite number >= 1 (1: off), got 0.5")):
+        assert cli.main(["ask", "Which planet?", "--index", str(index_dir), *bad]) == 2
+        assert error in capsys.readouterr().err
 
 
 def test_ask_with_int8_weights_decodes_in_int8(capsys, corpus, tmp_path, tiny_model):

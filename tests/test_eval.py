@@ -21,6 +21,7 @@ from nugget_rag.eval.systems.kvzip import reconstruction_passes
 from nugget_rag.eval.systems.peers import peer_python
 from nugget_rag.eval.systems.resolution import PolicyReading
 from nugget_rag.eval.tasks import load_task
+from nugget_rag.text import first_repeat
 
 ALL_TASKS = ["squad", "cnndm", "autoencoding", "lm", "hotpotqa", "long_cnndm"]
 KIND = {"squad": "qa", "cnndm": "summarization", "autoencoding": "autoencoding", "lm": "lm", "hotpotqa": "qa",
@@ -273,6 +274,29 @@ def test_qa_finish_sentence_only_extends_the_answers_and_is_part_of_the_setup(mo
     assert soft["tasks"]["squad"]["setup"]["finish_sentence"] == 20 and "finish_sentence" not in hard["tasks"]["squad"]["setup"]
 
 
+def test_qa_repetition_settings_are_opt_in_and_part_of_the_setup(model, data_dir):
+    def answers(**settings) -> dict:
+        return run(config(data_dir, None, tasks=["squad"], systems=["full"], limit=2, qa_max_new_tokens=40,
+                          **settings), model=model)
+
+    plain, ruled, penalised = answers(), answers(qa_no_repeat_ngram_size=8), answers(qa_repetition_penalty=5.0)
+    setups = [r["tasks"]["squad"]["setup"] for r in (plain, ruled, penalised)]
+    assert not {"no_repeat_ngram_size", "repetition_penalty"} & set(setups[0])  # the paper's greedy decoding
+    assert setups[1]["no_repeat_ngram_size"] == 8 and setups[2]["repetition_penalty"] == 5.0
+    outputs = [[p["output"] for p in r["predictions"]] for r in (plain, ruled, penalised)]
+    assert any(first_repeat(o, 8) is not None for o in outputs[0])  # the tiny model loops (a token a character)
+    assert outputs[1] != outputs[0] and outputs[2] != outputs[0]
+
+
+def test_only_ids_reruns_some_answers_of_a_run(model, data_dir):
+    whole = run(config(data_dir, None, tasks=["squad"], systems=["full"], limit=3), model=model)["predictions"]
+    part = run(config(data_dir, None, tasks=["squad"], systems=["full"], limit=3,
+                      only_ids=[p["id"] for p in whole[1:]]), model=model)["predictions"]
+    assert [(p["id"], p["output"]) for p in part] == [(p["id"], p["output"]) for p in whole[1:]]
+    with pytest.raises(DataError, match="names 1 example.*'nope'"):
+        run(config(data_dir, None, tasks=["squad"], systems=["full"], limit=3, only_ids=["nope"]), model=model)
+
+
 def test_keep_ratio_sets_the_resolution_systems_store_floor_and_the_answers_stay(model, data_dir):
     runs = {floor: run(config(data_dir, None, tasks=["squad_rag"], systems=["default_reading"], limit=3,
                               keep_ratio=floor), model=model) for floor in (1.0, 4.0)}
@@ -372,6 +396,23 @@ def test_cli_eval_errors_exit_2(tiny_eval_cli, data_dir, tmp_path, capsys):
     assert cli.main(["eval", "--data-dir", str(tmp_path / "nowhere"), "-q", "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "not found" in err and "Traceback" not in err
+
+
+def test_cli_eval_takes_the_repetition_settings_and_an_ids_file(monkeypatch, model, data_dir, tmp_path, capsys):
+    seen = []
+    monkeypatch.setattr(eval_runner, "load_models", lambda cfg: (seen.append(cfg), (model, None, None))[1])
+    common = ["eval", "--tasks", "squad", "--systems", "nodoc", "--data-dir", str(data_dir), "--limit", "2",
+              "--out-dir", str(tmp_path), "-q"]
+    assert cli.main(common) == 0
+    first = json.loads((tmp_path / "eval-predictions.jsonl").read_text().splitlines()[0])["id"]
+    (tmp_path / "ids.txt").write_text(f"{first}\n")
+    assert cli.main([*common, "--qa-no-repeat-ngram", "6", "--qa-repetition-penalty", "1.1",
+                     "--only-ids", str(tmp_path / "ids.txt")]) == 0
+    assert (seen[1].qa_no_repeat_ngram_size, seen[1].qa_repetition_penalty, seen[1].only_ids) == (6, 1.1, [first])
+    assert [json.loads(line)["id"] for line in (tmp_path / "eval-predictions.jsonl").read_text().splitlines()] == [first]
+    (tmp_path / "none.txt").write_text("\n")
+    assert cli.main([*common, "--only-ids", str(tmp_path / "none.txt")]) == 2
+    assert "lists no id" in capsys.readouterr().err
 
 
 def test_cli_eval_checkpoint_defaults_to_the_shipped_one(monkeypatch, model, data_dir, tmp_path):

@@ -29,11 +29,13 @@ from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching, generation  # noqa: E402
 from nugget_rag.cancellation import current_stop  # noqa: E402
+from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE  # noqa: E402
 from nugget_rag.generation import eos_ids  # noqa: E402
 from nugget_rag.ingest_jobs import IngestJob, JobRecords  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
 from nugget_rag.resolution import QueryLikelihood  # noqa: E402
 from nugget_rag.server import create_app  # noqa: E402
+from nugget_rag.text import first_repeat  # noqa: E402
 
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
          "Sourdough bread needs flour, water, salt and a starter culture."]
@@ -209,6 +211,36 @@ def test_openai_compatible_chat_completions(client):
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"] == "length"  # 4 tokens
     assert client.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "hi"}]}).status_code == 422
     assert client.get("/health").json()["pending"] == 0
+
+
+def test_ask_and_the_openai_route_answer_without_loops_by_default_and_honour_the_settings(client):
+    """The default against loops is on in /ask and /v1/chat/completions; each takes no_repeat_ngram_size and
+    repetition_penalty (the random tiny model loops without them)."""
+    client.post("/ingest", json={"documents": TEXTS})
+    question, n = "What does the falcon do?", ANSWER_NO_REPEAT_NGRAM_SIZE
+
+    def ask(**settings) -> str:
+        return client.post("/ask", json={"question": question, "max_new_tokens": 60, "finish_sentence": 0,
+                                         "stream": False, **settings}).json()["answer"]
+
+    def chat(stream: bool = False, **settings) -> str:
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 60, "stream": stream, **settings}
+        response = client.post("/v1/chat/completions", json=body)
+        if not stream:
+            return response.json()["choices"][0]["message"]["content"]
+        chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                  if line and line != "data: [DONE]"]
+        return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+
+    loops = ask(no_repeat_ngram_size=0)
+    assert first_repeat(loops, n) is not None  # the tiny tokenizer: a token a character
+    assert first_repeat(ask(), n) is None and ask() == ask(no_repeat_ngram_size=n)
+    assert chat(no_repeat_ngram_size=0) == loops and chat() == ask() == chat(stream=True)
+    penalised = ask(no_repeat_ngram_size=0, repetition_penalty=5.0)
+    assert penalised != loops and chat(no_repeat_ngram_size=0, repetition_penalty=5.0) == penalised
+    for bad in ({"no_repeat_ngram_size": -1}, {"repetition_penalty": 0.5}):
+        assert client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": question}],
+                                                         **bad}).status_code == 422
 
 
 @pytest.fixture

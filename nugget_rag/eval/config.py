@@ -86,6 +86,12 @@ class EvalConfig(BaseModel):
                               "(NuggetCompressor.keep_ratio): the finest ratio its stored states keep.")
     qa_finish_sentence: int = Field(0, ge=0, description="QA: past qa_max_new_tokens, up to this many more tokens to "
                                     "end the sentence the limit cut (GenerationSettings.finish_sentence; 0: the paper's hard limit).")
+    qa_no_repeat_ngram_size: int = Field(0, ge=0, description="QA: never generate an n-gram of this size twice in "
+                                         "an answer (GenerationSettings.no_repeat_ngram_size; 0: off, as the paper).")
+    qa_repetition_penalty: float = Field(1.0, ge=1.0, allow_inf_nan=False, description="QA: "
+                                         "GenerationSettings.repetition_penalty (1: off, as in the paper).")
+    only_ids: list[str] | None = Field(None, description="Of the examples a task would evaluate (after its split, "
+                                       "sample and limit), only those with these ids: reruns some answers of a run.")
     qa_prompt: str = Field(QA_PROMPT, description="QA instruction with a {question} placeholder (paper App. D).")
     summary_max_new_tokens: int = Field(128, ge=1)
     rag_passages: int = Field(4, ge=1, description="squad_rag: passages per question, the gold one and the "
@@ -155,6 +161,11 @@ class EvalConfig(BaseModel):
             raise ValueError(f"unknown system(s) {unknown}; registered: {', '.join(sorted(SYSTEMS))}")
         self.systems = list(dict.fromkeys(self.systems))
         return self
+
+    def qa_generation(self) -> dict[str, float]:
+        """The GenerationSettings fields that QA answers take from this run (beyond greedy and the token limit)."""
+        return {"finish_sentence": self.qa_finish_sentence, "no_repeat_ngram_size": self.qa_no_repeat_ngram_size,
+                "repetition_penalty": self.qa_repetition_penalty}
 
     def data_file(self, task: str) -> Path:
         return Path(self.data.get(task) or self.data_dir / DEFAULT_FILES[task])

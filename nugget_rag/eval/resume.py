@@ -65,6 +65,10 @@ def task_setup(cfg: EvalConfig, task: TaskData, model) -> dict:
             setup["keep_ratio"] = cfg.keep_ratio
         if cfg.qa_finish_sentence:
             setup["finish_sentence"] = cfg.qa_finish_sentence
+        if cfg.qa_no_repeat_ngram_size:
+            setup["no_repeat_ngram_size"] = cfg.qa_no_repeat_ngram_size
+        if cfg.qa_repetition_penalty != 1.0:
+            setup["repetition_penalty"] = cfg.qa_repetition_penalty
     elif task.kind == "summarization":
         setup["max_new_tokens"] = cfg.summary_max_new_tokens
         if task.name == "long_cnndm":

@@ -195,7 +195,7 @@ def evaluate(env: Env, system: System, task: TaskData, ratio: float | None, cfg:
                    examples[w.index].query.max_new_tokens)
             groups.setdefault(key, []).append(w)
         settings = GenerationSettings(max_new_tokens=1, temperature=0,
-                                      finish_sentence=cfg.qa_finish_sentence if task.kind == "qa" else 0)
+                                      **(cfg.qa_generation() if task.kind == "qa" else {}))
         for (_, adapter, soft, max_new), items in groups.items():
             items.sort(key=lambda w: len(w.prefix) + len(w.prompt) + sum(s.k for s in w.reading.states or []))
             for start in range(0, len(items), cfg.batch_size):

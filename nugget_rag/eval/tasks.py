@@ -115,6 +115,16 @@ class _Collector:
         self.examples.append(example)
 
 
+def _only(examples: list[Example], ids: Sequence[str], task: str) -> list[Example]:
+    """The examples whose id is in `ids`, in their order; an id that is not among them is an error."""
+    missing = set(ids) - {e.id for e in examples}
+    if missing:
+        raise DataError(f"task {task}: --only-ids names {len(missing)} example(s) the run does not hold, e.g. "
+                        f"{sorted(missing)[0]!r}: give the split, sample and limit of the run whose answers it reruns")
+    wanted = set(ids)
+    return [e for e in examples if e.id in wanted]
+
+
 def load_task(name: str, cfg: EvalConfig, model) -> TaskData:
     """Read a task's file (its split) into examples; raises DataError for missing files or fields."""
     path = cfg.data_file(name)
@@ -192,6 +202,8 @@ def load_task(name: str, cfg: EvalConfig, model) -> TaskData:
             col.offer(Example(rec["id"], query, []))
     else:
         raise ValueError(f"unknown task {name!r}")
+    if cfg.only_ids is not None:
+        col.examples = _only(col.examples, cfg.only_ids, name)
     if not col.examples:
         detail = ", ".join(f"{n} {r}" for r, n in col.skipped.items()) or "the file has no records"
         raise DataError(f"task {name}: no usable example in {path} (split {split}): {detail}")
