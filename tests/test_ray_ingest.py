@@ -23,12 +23,14 @@ from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, cli  # noqa: E402
 from nugget_rag.integrations import NuggetIndex, read_documents  # noqa: E402
+from nugget_rag.integrations.index_files import index_location  # noqa: E402
 from nugget_rag.integrations.ray_ingest import (  # noqa: E402
     ModelMismatchError,
     RayClusterError,
     RayIngestOptions,
     ingest_distributed,
 )
+from nugget_rag.store import STATE_KEY  # noqa: E402
 
 TESTS = Path(__file__).parent
 CHUNKING = {"chunk_tokens": 64, "chunk_overlap": 8}
@@ -144,7 +146,9 @@ def test_the_index_and_states_are_those_of_a_single_process_ingest(ingested):
                                                                        for d in single.documents]
     assert (vectors(index) == vectors(single)).all()
     keys = {d.metadata["nuggets"]["key"] for d in single.documents}
-    assert set(ingested["store"].byte_store.yield_keys()) == keys == set(single.compressor.store.byte_store.yield_keys())
+    states = {key for key in ingested["store"].byte_store.yield_keys() if STATE_KEY.fullmatch(key)}
+    assert states == keys == set(single.compressor.store.byte_store.yield_keys())
+    assert ingested["store"].indexes() == [index_location(ingested["work"] / "index")]  # what prune keeps
     for key in keys:
         here, there = ingested["store"].get_by_key(key), single.compressor.store.get_by_key(key)
         assert here.fingerprint == there.fingerprint and here.tokens == there.tokens
