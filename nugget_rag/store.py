@@ -86,6 +86,8 @@ class DirectoryByteStore(ByteStore):
     def _path(self, key: str) -> Path:
         if not isinstance(key, str):
             raise ValueError(f"invalid store key {key!r}: store keys are strings")
+        if not key:
+            raise ValueError("invalid store key '': an empty key names nothing; use a non-empty string")
         if _HEX_KEY.fullmatch(key):
             path = self.directory / key[:2] / key
         else:

@@ -238,7 +238,7 @@ def test_concurrent_nugget_store_puts_and_gets(tmp_path):
     assert temp_files(tmp_path) == []
 
 
-ODD_KEYS = ["", ".", "..", ".hidden", "../etc", "/etc/passwd", "ab/cd", "ab\\cd", "ABCD", "abcd ", "ab cd", "abc~1",
+ODD_KEYS = [".", "..", ".hidden", "../etc", "/etc/passwd", "ab/cd", "ab\\cd", "ABCD", "abcd ", "ab cd", "abc~1",
             "=", "%41", "A", "a", "é", "e\u0301", "\x00", "\ud800", "-rf", "foo", "bar", "jobs", "keys", "CON",
             "k" * 80, "日本語のキー"]
 
@@ -278,7 +278,7 @@ def test_stray_files_in_the_escaped_folder_are_no_keys(tmp_path):
     assert list(store.yield_keys()) == ["foo"]
 
 
-def test_keys_too_long_for_a_file_name_or_not_strings_are_refused(tmp_path):
+def test_keys_too_long_for_a_file_name_empty_or_not_strings_are_refused(tmp_path):
     store = DirectoryByteStore(tmp_path)
     store.mset([("k" * 239, b"fits")])  # "=" and 239 letters: 240 bytes, and 9 more for the temporary name
     for key in ("k" * 240, "é" * 50, "a" * 241):
@@ -287,6 +287,8 @@ def test_keys_too_long_for_a_file_name_or_not_strings_are_refused(tmp_path):
         assert repr(key[:40]) in str(err.value)
     with pytest.raises(ValueError, match="invalid store key 12: store keys are strings"):
         store.mget([12])
+    with pytest.raises(ValueError, match="invalid store key '': an empty key names nothing"):
+        store.mset([("", b"x")])
     assert list(store.yield_keys()) == ["k" * 239]
 
 
