@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
@@ -30,24 +31,23 @@ def ratio_arg(value: str) -> float:
         raise argparse.ArgumentTypeError(f"the compression ratio must be >= 1 (a number such as 10), got {value!r}") from err
 
 
-def positive_int(value: str) -> int:
+def bounded_number(value: str, kind: type[int] | type[float], ok: Callable[[float], bool], need: str) -> float:
+    """`value` as an int or float for which `ok` holds; else an argparse error saying what it must be (`need`)."""
     try:
-        number = int(value)
+        number = kind(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {value!r}") from None
+    if not ok(number):
+        raise argparse.ArgumentTypeError(f"must be {need}, got {value}")
     return number
+
+
+def positive_int(value: str) -> int:
+    return bounded_number(value, int, lambda n: n >= 1, ">= 1")
 
 
 def positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
+    return bounded_number(value, float, lambda n: n > 0, "> 0")
 
 
 def checkpoint_arg(value: str) -> str | Path | None:
@@ -126,23 +126,11 @@ def add_vectorstore_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: off), got {value}")
-    return number
+    return bounded_number(value, int, lambda n: n >= 0, ">= 0 (0: off)")
 
 
 def _penalty(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not 1 <= number < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 1 (1: off), got {value}")
-    return number
+    return bounded_number(value, float, lambda n: 1 <= n < float("inf"), "a finite number >= 1 (1: off)")
 
 
 def add_repetition_options(parser: argparse.ArgumentParser) -> None:
