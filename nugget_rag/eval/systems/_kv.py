@@ -17,6 +17,7 @@ import torch
 from ...attention import CaptureNuggets, rotate_keys
 from ...model import NuggetModel
 from ...state import NuggetState
+from .base import budget
 
 
 @dataclass
@@ -83,3 +84,10 @@ def state_at(model: NuggetModel, run: FrozenPass, positions: torch.Tensor, token
         scores=torch.zeros(len(positions), device=run.keys.device) if scores is None else scores,
         tokens=tokens, n=n, fingerprint=model.state_tag(tag),
     )
+
+
+def top_states(model: NuggetModel, documents: Sequence[Sequence[int]], runs: Sequence[FrozenPass],
+               scores: Sequence[torch.Tensor], ratio: float, method: str) -> list[NuggetState]:
+    """Each document's state at its k = ceil(n / r) best-scored positions, tagged `method-rR`."""
+    return [state_at(model, run, s.topk(budget(len(ids), ratio)).indices, ids, len(ids), f"{method}-r{ratio}")
+            for ids, run, s in zip(documents, runs, scores, strict=True)]

@@ -17,6 +17,7 @@ Adding a system is one file in this folder:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -136,6 +137,16 @@ class System:
         """Release outside resources (a peer process)."""
 
 
+class Reimplementation(System):
+    """A peer method re-implemented here: its description is its module docstring's second paragraph."""
+
+    reimplementation = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.description = sys.modules[cls.__module__].__doc__.split("\n\n")[1].replace("\n", " ")
+
+
 SYSTEMS: dict[str, type[System]] = {}
 
 
@@ -188,16 +199,24 @@ def per_document(env: Env, queries: Sequence[Query], cache_name: str,
             for q in queries]
 
 
+def document_readings(env: Env, queries: Sequence[Query], cache_name: str,
+                      compute: Callable[[list[tuple[int, ...]]], Sequence],
+                      reading: Callable[[Query, list], Reading]) -> list[Reading | Skipped]:
+    """`per_document`'s results, each query's read as `reading(query, results)`; a query with an empty document
+    is skipped, saying so."""
+    return [Skipped("empty document") if results is None else reading(q, results)
+            for q, results in zip(queries, per_document(env, queries, cache_name, compute))]
+
+
+def as_text(env: Env, kept: list[list[int]]) -> Reading:
+    """Kept token ids read as text in Full's prompt."""
+    return Reading(texts=[env.model.tokenizer.decode(ids) for ids in kept], text_ids=kept)
+
+
 def kept_text(env: Env, queries: Sequence[Query], keep: Callable[[list[int], Query], list[int]]) -> list[Reading | Skipped]:
     """Each query's documents cut to the token ids `keep(ids, query)` chooses, read as text in Full's prompt."""
-    out: list[Reading | Skipped] = []
-    for q in queries:
-        if any(len(ids) == 0 for ids in q.document_ids):
-            out.append(Skipped("empty document"))
-            continue
-        kept = [keep(list(ids), q) for ids in q.document_ids]
-        out.append(Reading(texts=[env.model.tokenizer.decode(ids) for ids in kept], text_ids=kept))
-    return out
+    return [Skipped("empty document") if any(len(ids) == 0 for ids in q.document_ids)
+            else as_text(env, [keep(list(ids), q) for ids in q.document_ids]) for q in queries]
 
 
 def user_prompt(tokenizer, instruction: str) -> list[int]:

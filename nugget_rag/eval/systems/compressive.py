@@ -14,7 +14,7 @@ import torch
 from ...attention import rotate_keys
 from ...state import NuggetState
 from ._kv import frozen_pass
-from .base import Env, Reading, Skipped, System, budget, per_document, register
+from .base import Env, Reading, Reimplementation, budget, document_readings, register
 
 
 def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
@@ -24,10 +24,8 @@ def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
 
 
 @register("compressive")
-class Compressive(System):
+class Compressive(Reimplementation):
     label = "Compressive (mean-pooled KV, training-free re-impl.)"
-    reimplementation = True
-    description = __doc__.split("\n\n")[1].replace("\n", " ")
 
     def prepare(self, env: Env, queries, ratio):
         model = env.model
@@ -49,5 +47,4 @@ class Compressive(System):
                                        model.state_tag(f"compressive-r{ratio}")))
             return out
 
-        return [Skipped("empty document") if states is None else Reading(states=states)
-                for states in per_document(env, queries, f"{self.name}@{ratio}", pool)]
+        return document_readings(env, queries, f"{self.name}@{ratio}", pool, lambda q, states: Reading(states=states))

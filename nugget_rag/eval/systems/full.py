@@ -12,22 +12,24 @@ class Full(System):
     uses_ratio = False
     description = "The frozen model with the documents' text in the prompt (paper App. D)."
 
+    def reader(self, env: Env) -> dict:
+        """Who reads the text: the frozen model (no adapter)."""
+        return {}
+
     def prepare(self, env: Env, queries, ratio):
-        return [Reading(texts=list(q.documents), text_ids=list(q.document_ids)) for q in queries]
+        return [Reading(texts=list(q.documents), text_ids=list(q.document_ids), **self.reader(env)) for q in queries]
 
 
 @register("full_ft")
-class FullFineTuned(System):
+class FullFineTuned(Full):
     label = "Full (fine-tuned)"
-    uses_ratio = False
     description = "The documents' text in the prompt, read with a full-context fine-tuned decoder adapter."
 
     def available(self, env: Env) -> str | None:
         return None if env.full_model is not None else "no full-context fine-tuned adapter (--full-checkpoint)"
 
-    def prepare(self, env: Env, queries, ratio):
-        return [Reading(texts=list(q.documents), text_ids=list(q.document_ids), adapter=DECODER, model=env.full_model)
-                for q in queries]
+    def reader(self, env: Env) -> dict:
+        return {"adapter": DECODER, "model": env.full_model}
 
 
 @register("nodoc")

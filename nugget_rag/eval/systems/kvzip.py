@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ._kv import FrozenPass, attention_probs, frozen_pass, state_at
-from .base import Env, Reading, Skipped, System, budget, per_document, register
+from ._kv import FrozenPass, attention_probs, frozen_pass, top_states
+from .base import Env, Reading, Reimplementation, Skipped, document_readings, register
 
 REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n"
 
@@ -45,10 +45,8 @@ def reconstruction_passes(model, documents: Sequence[Sequence[int]]) -> list[tup
 
 
 @register("kvzip")
-class KVzip(System):
+class KVzip(Reimplementation):
     label = "KVzip-style KV selection (query-agnostic, re-impl.)"
-    reimplementation = True
-    description = __doc__.split("\n\n")[1].replace("\n", " ")
 
     def prepare(self, env: Env, queries, ratio):
         model = env.model
@@ -56,18 +54,10 @@ class KVzip(System):
         fits = [all(len(ids) <= limit for ids in q.document_ids) for q in queries]
 
         def select(chunk):
-            out = []
-            for ids, (run, scores) in zip(chunk, reconstruction_passes(model, chunk)):
-                chosen = scores.topk(budget(len(ids), ratio)).indices
-                out.append(state_at(model, run, chosen, ids, len(ids), f"kvzip-r{ratio}"))
-            return out
+            runs, scores = zip(*reconstruction_passes(model, chunk))
+            return top_states(model, chunk, runs, scores, ratio, "kvzip")
 
-        selected = iter(per_document(env, [q for q, ok in zip(queries, fits) if ok], f"{self.name}@{ratio}", select))
-        out: list[Reading | Skipped] = []
-        for ok in fits:
-            if not ok:
-                out.append(Skipped(f"a document over {limit} tokens: with its repeat it exceeds the model's positions"))
-                continue
-            states = next(selected)
-            out.append(Skipped("empty document") if states is None else Reading(states=states))
-        return out
+        selected = iter(document_readings(env, [q for q, ok in zip(queries, fits) if ok], f"{self.name}@{ratio}",
+                                          select, lambda q, states: Reading(states=states)))
+        too_long = Skipped(f"a document over {limit} tokens: with its repeat it exceeds the model's positions")
+        return [next(selected) if ok else too_long for ok in fits]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Env, Reading, Skipped, System, budget, per_document, register
+from .base import Env, Reimplementation, as_text, budget, document_readings, register
 
 
 @torch.no_grad()
@@ -28,21 +28,13 @@ def surprisal(model, token_ids: list[list[int]]) -> list[torch.Tensor]:
 
 
 @register("llmlingua_style")
-class LLMLinguaStyle(System):
+class LLMLinguaStyle(Reimplementation):
     label = "LLMLingua-style pruning (one-pass surprisal, re-impl.)"
-    reimplementation = True
-    description = __doc__.split("\n\n")[1].replace("\n", " ")
 
     def prepare(self, env: Env, queries, ratio):
-        model = env.model
+        def most_surprising(chunk):
+            return [[ids[i] for i in s.topk(budget(len(ids), ratio)).indices.sort().values.tolist()]
+                    for ids, s in zip(chunk, surprisal(env.model, [list(c) for c in chunk]))]
 
-        def prune(chunk):
-            out = []
-            for ids, s in zip(chunk, surprisal(model, [list(c) for c in chunk])):
-                keep = s.topk(budget(len(ids), ratio)).indices.sort().values.tolist()
-                out.append([ids[i] for i in keep])
-            return out
-
-        return [Skipped("empty document") if kept is None
-                else Reading(texts=[model.tokenizer.decode(ids) for ids in kept], text_ids=kept)
-                for kept in per_document(env, queries, f"{self.name}@{ratio}", prune)]
+        return document_readings(env, queries, f"{self.name}@{ratio}", most_surprising,
+                                 lambda q, kept: as_text(env, kept))

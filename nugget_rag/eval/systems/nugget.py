@@ -6,7 +6,7 @@ import torch
 
 from ...compressor import NuggetCompressor
 from ...config import DECODER, ENCODER
-from .base import Env, Reading, Skipped, System, per_document, register
+from .base import Env, Reading, System, document_readings, register
 
 
 @register("nugget")
@@ -23,32 +23,22 @@ class Nugget(System):
                 states = env.model.compress([list(c) for c in chunk], ratio=ratio, adapter=ENCODER)
             return [state.compact(self.kv_format) for state in states]
 
-        return [Skipped("empty document") if states is None
-                else Reading(states=states, adapter=DECODER, soft_prompt=q.kind == "autoencoding")
-                for q, states in zip(queries, per_document(env, queries, f"{self.name}@{ratio}", compress))]
+        return document_readings(env, queries, f"{self.name}@{ratio}", compress, lambda q, states: Reading(
+            states=states, adapter=DECODER, soft_prompt=q.kind == "autoencoding"))
 
 
-@register("nugget_float32")
-class NuggetFloat32(Nugget):
-    label = "nugget-rag, float32 states"
-    description = "As nugget-rag, with the nuggets' keys/values kept in float32 (twice bfloat16's bytes)."
-    kv_format = "float32"
-    in_default = False
+def stored_as(kv_format: str, label: str, description: str) -> type[Nugget]:
+    """nugget-rag with its states stored in another format, registered as `nugget_<format>` (not run by default)."""
+    variant = type(f"Nugget{kv_format.capitalize()}", (Nugget,), {
+        "label": label, "description": description, "kv_format": kv_format, "in_default": False})
+    return register(f"nugget_{kv_format}")(variant)
 
 
-@register("nugget_int8")
-class NuggetInt8(Nugget):
-    label = "nugget-rag, int8 states"
-    description = ("As nugget-rag, with the nuggets' keys quantised to int8 per channel and values per token "
-                   "(half bfloat16's bytes).")
-    kv_format = "int8"
-    in_default = False
-
-
-@register("nugget_int4")
-class NuggetInt4(Nugget):
-    label = "nugget-rag, int4 states"
-    description = ("As nugget-rag, with the nuggets' keys quantised to 4 bits per channel and values per token, two "
-                   "codes a byte (a quarter of bfloat16's bytes).")
-    kv_format = "int4"
-    in_default = False
+stored_as("float32", "nugget-rag, float32 states",
+          "As nugget-rag, with the nuggets' keys/values kept in float32 (twice bfloat16's bytes).")
+stored_as("int8", "nugget-rag, int8 states",
+          "As nugget-rag, with the nuggets' keys quantised to int8 per channel and values per token "
+          "(half bfloat16's bytes).")
+stored_as("int4", "nugget-rag, int4 states",
+          "As nugget-rag, with the nuggets' keys quantised to 4 bits per channel and values per token, two "
+          "codes a byte (a quarter of bfloat16's bytes).")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ._kv import attention_probs, frozen_pass, state_at
-from .base import Env, Reading, Skipped, System, budget, per_document, register
+from ._kv import attention_probs, frozen_pass, top_states
+from .base import Env, Reading, Reimplementation, document_readings, register
 
 
 def observed_scores(model, run) -> torch.Tensor:
@@ -26,20 +26,15 @@ def observed_scores(model, run) -> torch.Tensor:
 
 
 @register("observed_attention")
-class ObservedAttention(System):
+class ObservedAttention(Reimplementation):
     label = "Observed-attention KV selection (query-agnostic, re-impl.)"
-    reimplementation = True
-    description = __doc__.split("\n\n")[1].replace("\n", " ")
 
     def prepare(self, env: Env, queries, ratio):
         model = env.model
 
         def select(chunk):
-            out = []
-            for ids, run in zip(chunk, frozen_pass(model, chunk, queries=True)):
-                chosen = observed_scores(model, run).topk(budget(len(ids), ratio)).indices
-                out.append(state_at(model, run, chosen, ids, len(ids), f"observed-attention-r{ratio}"))
-            return out
+            runs = frozen_pass(model, chunk, queries=True)
+            return top_states(model, chunk, runs, [observed_scores(model, run) for run in runs], ratio,
+                              "observed-attention")
 
-        return [Skipped("empty document") if states is None else Reading(states=states)
-                for states in per_document(env, queries, f"{self.name}@{ratio}", select)]
+        return document_readings(env, queries, f"{self.name}@{ratio}", select, lambda q, states: Reading(states=states))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ._kv import attention_probs, frozen_pass, state_at
-from .base import Env, Reading, Skipped, System, budget, register
+from .base import Env, Reading, Reimplementation, Skipped, budget, register
 
 POOL = 7
 
@@ -32,11 +32,9 @@ def window_scores(model, run, n_doc: int) -> torch.Tensor:
 
 
 @register("snapkv")
-class SnapKV(System):
+class SnapKV(Reimplementation):
     label = "SnapKV-style KV selection (query-aware, re-impl.; reference)"
-    reimplementation = True
     reference = True
-    description = __doc__.split("\n\n")[1].replace("\n", " ")
 
     def prepare(self, env: Env, queries, ratio):
         model = env.model

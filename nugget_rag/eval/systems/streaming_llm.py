@@ -6,7 +6,7 @@ prompt (language modelling: before the context)."""
 
 from __future__ import annotations
 
-from .base import Env, System, budget, kept_text, register
+from .base import Env, Reimplementation, budget, kept_text, register
 
 SINKS = 4
 
@@ -20,10 +20,8 @@ def sinks_and_recent(ids: list[int], keep: int) -> list[int]:
 
 
 @register("streaming_llm")
-class StreamingLLM(System):
+class StreamingLLM(Reimplementation):
     label = "StreamingLLM (sinks + recent, re-impl.)"
-    reimplementation = True
-    description = __doc__.split("\n\n")[1].replace("\n", " ")
 
     def prepare(self, env: Env, queries, ratio):
         return kept_text(env, queries, lambda ids, q: sinks_and_recent(ids, budget(len(ids), ratio)))
