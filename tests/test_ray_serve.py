@@ -33,7 +33,7 @@ from nugget_rag.integrations.ray_serve import (  # noqa: E402
     RayServeOptions,
     serve_index,
 )
-from nugget_rag.server import create_app  # noqa: E402
+from nugget_rag.serving import create_app  # noqa: E402
 
 TESTS = Path(__file__).parent
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",

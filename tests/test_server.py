@@ -31,10 +31,10 @@ from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore,
 from nugget_rag.cancellation import current_stop  # noqa: E402
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE  # noqa: E402
 from nugget_rag.generation import eos_ids  # noqa: E402
-from nugget_rag.ingest_jobs import IngestJob, JobRecords  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
 from nugget_rag.resolution import QueryLikelihood  # noqa: E402
-from nugget_rag.server import create_app  # noqa: E402
+from nugget_rag.serving import create_app  # noqa: E402
+from nugget_rag.serving.ingest_jobs import IngestJob, JobRecords  # noqa: E402
 from nugget_rag.text import first_repeat  # noqa: E402
 
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
@@ -388,7 +388,7 @@ def test_a_background_ingest_job_reports_progress_and_can_be_cancelled(index, tm
 
 def test_job_errors_map_to_their_status_codes(index, tmp_path, monkeypatch):
     """ingest_jobs.py raises domain errors; the server answers each with its status and the error's message."""
-    from nugget_rag import ingest_jobs
+    from nugget_rag.serving import ingest_jobs
 
     monkeypatch.setattr(ingest_jobs, "MAX_JOBS", 0)
     with TestClient(create_app(index, tmp_path)) as client:
@@ -793,7 +793,7 @@ from test_integrations import HashEmbeddings
 from tiny import tiny_base
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
 from nugget_rag.integrations import NuggetIndex
-from nugget_rag.server import create_app
+from nugget_rag.serving import create_app
 
 real, steps = NuggetModel.compress, []
 
