@@ -37,15 +37,15 @@ class Slot:
     """One admitted request, freed once: when it ends, fails or is cancelled."""
 
     def __init__(self, slots: Slots):
-        self.slots = slots
+        self._slots = slots
         self.admitted = time.monotonic()
         self.deadline = self.admitted + slots.timeout_s
-        self.gone = threading.Event()
-        self.freed = False
+        self._gone = threading.Event()
+        self._freed = False
 
     def stop(self) -> bool:
         """Whether its request's work must stop: its client left, or it ran past its deadline."""
-        return self.gone.is_set() or time.monotonic() > self.deadline
+        return self._gone.is_set() or time.monotonic() > self.deadline
 
     def run(self, work: Callable[[], T]) -> T:
         """`work()`, the slot freed when it ends (work that checks `stop` raises RequestCancelled once it stops)."""
@@ -59,18 +59,18 @@ class Slot:
 
     def free(self, cancelled: str | None = None) -> None:
         """Free the slot (once); `cancelled`: why its answer was cut off, for the metrics."""
-        with self.slots.lock:
-            if self.freed:
+        with self._slots.lock:
+            if self._freed:
                 return
-            self.freed = True
-            self.slots.count -= 1
+            self._freed = True
+            self._slots.count -= 1
         if cancelled:
-            self.slots.metrics.cancelled.labels(cancelled).inc()
+            self._slots.metrics.cancelled.labels(cancelled).inc()
 
     def disconnect(self) -> None:
         """Its client left: its work stops at its next step (an answer leaves its batch at the next token), and the
         slot is free now."""
-        self.gone.set()
+        self._gone.set()
         self.free("disconnect")
 
 
