@@ -36,20 +36,22 @@ def create_app(index: ServedIndex | NuggetIndex, index_dir: str | Path | None = 
     (local_index.py: saved in `index_dir` after each ingest, as `nugget-rag ingest` does; kept in memory when
     None). `settings`: ServerSettings' fields (max_pending, request_timeout_s, api_key, ...)."""
     if isinstance(index, NuggetIndex):
-        index = local_index(index, index_dir)
+        served = local_index(index, index_dir)
     elif index_dir is not None:
         raise ValueError(f"index_dir={str(index_dir)!r} is given with a {type(index).__name__}, which publishes its "
                          "own versions: leave index_dir out (it is for a NuggetIndex served from this process)")
-    state = AppState.build(index, ServerSettings(**settings))
+    else:
+        served = index
+    state = AppState.build(served, ServerSettings(**settings))
     app = FastAPI(title="nugget-rag", description=__doc__.split("\n\n")[0], lifespan=lifespan)
     app.state.nugget = state
     for router in ROUTERS:
         app.include_router(router)
     add_error_handlers(app)
-    served: ASGIApp = BodyLimit(app, state.settings.max_body_bytes)
+    wrapped: ASGIApp = BodyLimit(app, state.settings.max_body_bytes)
     if state.settings.api_key is not None:
-        served = ApiKey(served, state.settings.api_key)
-    return state.metrics.observe(served, route_paths(app))
+        wrapped = ApiKey(wrapped, state.settings.api_key)
+    return state.metrics.observe(wrapped, route_paths(app))
 
 
 def route_paths(app: FastAPI) -> list[str]:
