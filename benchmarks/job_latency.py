@@ -37,7 +37,7 @@ from langchain_core.documents import Document
 
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.integrations import NuggetIndex
-from nugget_rag.server import create_app
+from nugget_rag.serving import create_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -266,7 +266,7 @@ def serve_single(index_dir: Path, redis_url: str, embeddings_name: str, port: in
     """The single-process server (create_app under uvicorn, one torch thread) over the index in `index_dir`."""
     import uvicorn
 
-    from nugget_rag.server import create_app
+    from nugget_rag.serving import create_app
 
     torch.set_num_threads(1)
     store = NuggetStore.from_redis(redis_url, namespace=REDIS_NAMESPACE)

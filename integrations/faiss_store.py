@@ -38,6 +38,12 @@ def empty_faiss(embeddings: Embeddings, dimension: int) -> FAISS:
     return new_faiss(embeddings, faiss.IndexFlatL2(dimension), {}, {})
 
 
+def copy_faiss(vectorstore: FAISS, docs: dict[str, Document]) -> FAISS:
+    """A copy of `vectorstore` over the chunks `docs` (its own): adding to either leaves the other as it is."""
+    return new_faiss(vectorstore.embedding_function, faiss.clone_index(vectorstore.index), dict(docs),
+                     dict(vectorstore.index_to_docstore_id))
+
+
 def faiss_bytes(vectorstore: FAISS) -> bytes:
     """The vectors of `vectorstore` as the index file holds them."""
     return faiss.serialize_index(vectorstore.index).tobytes()
@@ -67,4 +73,4 @@ def load_faiss(directory: Path, manifest: dict[str, Any], embeddings: Embeddings
     return new_faiss(embeddings, index, dict(docs), dict(enumerate(order)))
 
 
-__all__: list[str] = ["empty_faiss", "faiss_bytes", "load_faiss", "new_faiss"]
+__all__: list[str] = ["copy_faiss", "empty_faiss", "faiss_bytes", "load_faiss", "new_faiss"]

@@ -3,6 +3,7 @@ compressor's store beside it: ingest, delete, retrieval, and its save and load (
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -21,7 +22,7 @@ from nugget_rag.store import NuggetStore
 
 from .chunking import split_documents, token_splitter
 from .embeddings import MINILM_NAME, embedding_name, minilm_embeddings
-from .faiss_store import empty_faiss, faiss_bytes, load_faiss
+from .faiss_store import copy_faiss, empty_faiss, faiss_bytes, load_faiss
 from .index_files import (
     INDEX_FORMAT,
     MANIFEST_FILE,
@@ -99,6 +100,15 @@ class NuggetIndex:
     def documents(self) -> list[Document]:
         """The indexed chunks, in index order."""
         return list(self._records.values())
+
+    def copy(self) -> NuggetIndex:
+        """A copy to add to while questions read this one: its own records and FAISS (a user's vector store, which
+        another server keeps, is shared)."""
+        twin = copy.copy(self)
+        twin._records, twin.last_ingest = dict(self._records), dict(self.last_ingest)
+        if self.user_vectorstore is None and self.vectorstore is not None:
+            twin.vectorstore = copy_faiss(self.vectorstore, twin._records)
+        return twin
 
     @property
     def vectorstore_name(self) -> str:

@@ -1,4 +1,4 @@
-"""`nugget-rag serve --ray`: the HTTP server (server.py's create_app) as a Ray Serve deployment of model replicas.
+"""`nugget-rag serve --ray`: the HTTP server (nugget_rag.serving) as a Ray Serve deployment of model replicas.
 
     connect("head:6379")
     serve_index(index_dir, compressor, embeddings, RayServeOptions(min_replicas=2, max_replicas=8), model=loader)
@@ -30,6 +30,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nugget_rag.cancellation import Stop, cancellable
 from nugget_rag.compressor import NuggetCompressor
 from nugget_rag.config import MergedFormat
 from nugget_rag.model import NuggetModel
@@ -171,8 +172,35 @@ class SharedIndex:
         return getattr(self.current(), name)
 
 
+class ReplicaIndex:
+    """A replica's served index (nugget_rag.serving's ServedIndex): questions read the index saved last (SharedIndex);
+    an ingest runs on Ray Data under the index directory's lock, and every replica reads its result once saved."""
+
+    def __init__(self, shared: SharedIndex, spec: ReplicaSpec):
+        self.shared, self.spec, self.compressor = shared, spec, shared.compressor
+
+    def current(self) -> NuggetIndex:
+        return self.shared.current()
+
+    def ingest(self, documents: list[Document], stop: Stop) -> int:
+        index, options = self.shared.current(), self.spec.ingest
+        free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
+        workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
+        settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
+                    "vectorstore": self.shared.user_vectorstore}
+        with cancellable(stop), NuggetIndex.updating(self.spec.index_dir, self.compressor, self.spec.embeddings,
+                                                     **settings) as updated:  # stopped, the copy is not saved
+            added = ingest_distributed(updated, documents, options.model_copy(update={"workers": workers}),
+                                       model=self.spec.load_model)
+        self.shared.current()  # this replica's next answer reads it
+        return added
+
+    def __len__(self) -> int:
+        return len(self.shared.current())
+
+
 class NuggetReplica:
-    """A Serve replica: one model, the shared store and index, and create_app's server over them."""
+    """A Serve replica: one model, the shared store and index, and nugget_rag.serving's server over them."""
 
     def __init__(self, spec: ReplicaSpec):
         torch.set_num_threads(spec.threads)
@@ -185,27 +213,13 @@ class NuggetReplica:
                 "dtype on every node (--checkpoint/--base-model)")
         self.spec = spec
         vectorstore = None if spec.vectorstore is None else spec.vectorstore.build(spec.embeddings)
-        self.index = SharedIndex(spec.index_dir, compressor, spec.embeddings, vectorstore)
+        self.index = ReplicaIndex(SharedIndex(spec.index_dir, compressor, spec.embeddings, vectorstore), spec)
         self.name = serve.get_replica_context().replica_id.unique_id
 
-    def ingest(self, documents: list[Document]) -> int:
-        """Add `documents` on Ray Data, under the index directory's lock; every replica sees them once saved."""
-        index, options = self.index.current(), self.spec.ingest
-        free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
-        workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
-        settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
-                    "vectorstore": self.index.user_vectorstore}
-        with NuggetIndex.updating(self.spec.index_dir, self.index.compressor, self.spec.embeddings,
-                                  **settings) as updated:
-            added = ingest_distributed(updated, documents, options.model_copy(update={"workers": workers}),
-                                       model=self.spec.load_model)
-        self.index.current()  # this replica's next answer reads it
-        return added
-
     def __serve_build_asgi_app__(self):
-        from nugget_rag.server import create_app
+        from nugget_rag.serving import create_app
 
-        return _named(create_app(self.index, ingest_documents=self.ingest, **self.spec.app), self.name)
+        return _named(create_app(self.index, **self.spec.app), self.name)
 
 
 def _named(app, replica: str):
@@ -274,5 +288,5 @@ def serve_index(index_dir: str | Path, compressor: NuggetCompressor, embeddings:
     return f"http://{options.host}:{options.port}"
 
 
-__all__ = ["APP_NAME", "REPLICA_HEADER", "NuggetReplica", "RayServeOptions", "ReplicaSpec", "SharedIndex",
-           "check_index_model", "replica_spec", "serve_index"]
+__all__ = ["APP_NAME", "REPLICA_HEADER", "NuggetReplica", "RayServeOptions", "ReplicaIndex", "ReplicaSpec",
+           "SharedIndex", "check_index_model", "replica_spec", "serve_index"]

@@ -250,7 +250,7 @@ def _ask_server(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .integrations import NuggetIndex, read_manifest
     from .integrations.index_files import NUGGETS_DIR
-    from .server import create_app
+    from .serving import create_app
 
     if args.ray is not None:
         from .integrations.ray_ingest import connect
@@ -469,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", parents=[common], help="serve an index over HTTP",
                                 description="A long-running server that keeps the model, index and store warm "
-                                            "(nugget_rag/server.py lists its endpoints).")
+                                            "(nugget_rag/serving/__init__.py lists its endpoints).")
     serve.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory (created if new)")
     add_text_states_option(serve)
     serve.add_argument("--host", default="127.0.0.1")

@@ -268,11 +268,11 @@ def test_serve_takes_its_key_from_the_environment_and_warns_without_one_off_loop
     pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
     import uvicorn
 
-    from nugget_rag import server
+    from nugget_rag import serving
 
     given = {}
-    create_app = server.create_app
-    monkeypatch.setattr(server, "create_app", lambda *args, **kwargs: given.update(kwargs) or create_app(*args, **kwargs))
+    create_app = serving.create_app
+    monkeypatch.setattr(serving, "create_app", lambda *args, **kwargs: given.update(kwargs) or create_app(*args, **kwargs))
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: given.update(kwargs))
     monkeypatch.delenv("NUGGET_RAG_API_KEY", raising=False)
     serve = ["serve", "--index", str(tmp_path / "index"), "--request-timeout", "30"]

@@ -19,7 +19,7 @@ from tiny import tiny_base  # noqa: E402
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore  # noqa: E402
 from nugget_rag.integrations import NuggetIndex, nugget_view  # noqa: E402
 from nugget_rag.resolution import RESOLUTIONS  # noqa: E402
-from nugget_rag.server import create_app  # noqa: E402
+from nugget_rag.serving import create_app  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -1,6 +1,7 @@
 """`nugget-rag serve --ray`: the server as 2 Ray Serve replicas (a local Ray of 2 CPUs, the tiny model, a Redis
 store): the single-process server's answers, an ingest through one replica seen by the other, a killed replica that
-loses no other request, and bad input refused before any replica starts."""
+loses no other request, scaling from 1 to 2 replicas under a stream of questions that loses none, and bad input
+refused before any replica starts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,7 +35,7 @@ from nugget_rag.integrations.ray_serve import (  # noqa: E402
     RayServeOptions,
     serve_index,
 )
-from nugget_rag.server import create_app  # noqa: E402
+from nugget_rag.serving import create_app  # noqa: E402
 
 TESTS = Path(__file__).parent
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
@@ -241,3 +243,47 @@ def test_a_replica_killed_mid_stream_loses_no_other_request(served, ingested):
     assert survivor and all(r["whole"] for r in survivor)
     status, name, _ = request(served["port"], "POST", "/ask", {**QUESTION, "stream": False})
     assert status == 200 and name != victim
+
+
+def running_replicas() -> int:
+    deployment = serve.status().applications[APP_NAME].deployments["NuggetReplica"]
+    return deployment.replica_states.get("RUNNING", 0)
+
+
+def ask_until(port: int, stop: threading.Event, answers: list) -> None:
+    """Questions one after another until `stop`: each answer's (status, replica, body), or (None, None, the error)
+    when it got no response."""
+    while not stop.is_set():
+        try:
+            answers.append(request(port, "POST", "/ask", {**QUESTION, "stream": False}))
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            answers.append((None, None, repr(err)))
+
+
+def test_scaling_from_1_to_2_replicas_under_a_stream_of_questions_loses_none(served, ingested, redis_url):
+    """Serve redeploys to 2 replicas while 3 clients ask one question after another: the one replica keeps answering
+    until the new ones run (a redeploy replaces it too), and every question gets its answer."""
+    def deploy(replicas: int) -> None:
+        serve_index(served["index_dir"], tiny_compressor(NuggetStore.from_redis(redis_url)), HashEmbeddings(),
+                    RayServeOptions(min_replicas=replicas, cpus_per_replica=0.5, port=served["port"]),
+                    model=TinyLoader(step_s=0.05), max_batch=4)
+
+    deploy(1)
+    assert running_replicas() == 1
+    answers: list[tuple] = []
+    stop, deadline = threading.Event(), time.monotonic() + 300  # wide: a busy CPU
+    with ThreadPoolExecutor(3) as pool:
+        askers = [pool.submit(ask_until, served["port"], stop, answers) for _ in range(3)]
+        while len(answers) < 3 and time.monotonic() < deadline:  # the stream flows before the scaling
+            time.sleep(0.05)
+        before = len(answers)
+        deploy(2)
+        scaled = len(answers)
+        while len({name for _, name, _ in answers[scaled:]}) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        for asker in askers:
+            asker.result()
+    failed = [answer for answer in answers if answer[0] != 200 or not answer[2]["answer"] or not answer[2]["sources"]]
+    assert not failed and 3 <= before < scaled, failed[:3]  # answered before and during the redeploy
+    assert len({name for _, name, _ in answers[scaled:]}) == 2 and running_replicas() == 2

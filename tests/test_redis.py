@@ -157,7 +157,7 @@ def test_prune_keeps_the_states_of_every_index_saved_over_the_store(server, tmp_
 def test_a_store_opens_at_its_parsed_location_under_its_prefix(server):
     from langchain_core.documents import Document
 
-    from nugget_rag.ingest_jobs import IngestJob, JobRecords
+    from nugget_rag.serving.ingest_jobs import IngestJob, JobRecords
     from nugget_rag.store import StoreLocation
 
     location = StoreLocation.parse(f"{server.url}?namespace=docs")
@@ -175,9 +175,9 @@ def test_ingest_jobs_are_recorded_in_redis_for_every_server_over_it(server):
     from fastapi.testclient import TestClient
     from test_integrations import HashEmbeddings
 
-    from nugget_rag.ingest_jobs import IngestJob, JobRecords
     from nugget_rag.integrations import NuggetIndex
-    from nugget_rag.server import create_app
+    from nugget_rag.serving import create_app
+    from nugget_rag.serving.ingest_jobs import IngestJob, JobRecords
 
     def serve() -> TestClient:  # a server of its own over the shared store, as a restarted one or another host's
         store = NuggetStore.from_redis(server.url)

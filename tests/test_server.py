@@ -31,10 +31,10 @@ from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore,
 from nugget_rag.cancellation import current_stop  # noqa: E402
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE  # noqa: E402
 from nugget_rag.generation import eos_ids  # noqa: E402
-from nugget_rag.ingest_jobs import IngestJob, JobRecords  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
 from nugget_rag.resolution import QueryLikelihood  # noqa: E402
-from nugget_rag.server import create_app  # noqa: E402
+from nugget_rag.serving import DirectoryIndex, MemoryIndex, create_app  # noqa: E402
+from nugget_rag.serving.ingest_jobs import IngestJob, JobRecords  # noqa: E402
 from nugget_rag.text import first_repeat  # noqa: E402
 
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
@@ -305,6 +305,53 @@ def test_ingest_keeps_what_another_process_added_to_the_index_meanwhile(client, 
     assert len(saved) == 3
 
 
+def never() -> bool:
+    return False
+
+
+def test_a_question_reads_a_version_that_no_ingest_changes(index):
+    index.ingest([Document(page_content=TEXTS[0])])
+    served = MemoryIndex(index)
+    before = served.current()
+    assert served.ingest([Document(page_content=TEXTS[1])], never) == 1
+    assert (len(before), len(served), len(index)) == (1, 2, 2)  # the given index grows; the version read stays
+    assert before.vectorstore.index.ntotal == 1 and served.current().vectorstore.index.ntotal == 2
+    assert served.current() is not index  # the next ingest adds to `index`, not to what questions read
+
+
+def test_an_ingest_never_publishes_over_a_later_ones_copy(index, tmp_path, monkeypatch):
+    """Two ingests into a directory: the first to take its lock publishes last, and must not replace the second's
+    index (which holds the first's chunks too) with its own older copy."""
+    real, calls, later_published = NuggetIndex.updating, itertools.count(), threading.Event()
+
+    @contextmanager
+    def updating(*args, **kwargs):
+        first = next(calls) == 0
+        with real(*args, **kwargs) as updated:
+            yield updated
+        if first:  # saved: wait to publish until the later ingest has
+            assert later_published.wait(60), "the later ingest did not publish"
+
+    monkeypatch.setattr(NuggetIndex, "updating", updating)
+    served = DirectoryIndex(index, tmp_path)
+    with ThreadPoolExecutor(1) as pool:
+        earlier = pool.submit(served.ingest, [Document(page_content=TEXTS[0])], never)
+        eventually(lambda: (tmp_path / "index.json").exists(), "the earlier ingest saved")
+        assert served.ingest([Document(page_content=TEXTS[1])], never) == 1 and len(served) == 2
+        later_published.set()
+        assert earlier.result() == 1
+    assert len(served) == 2 and len(NuggetIndex.load(tmp_path, index.compressor, HashEmbeddings())) == 2
+
+
+def test_create_app_refuses_settings_it_does_not_take(index, tmp_path):
+    with pytest.raises(ValueError, match="index_dir=.* is given with a MemoryIndex"):
+        create_app(MemoryIndex(index), tmp_path)
+    with pytest.raises(ValueError, match="max_pendng"):
+        create_app(index, None, max_pendng=4)
+    with pytest.raises(ValueError, match="request_timeout_s"):
+        create_app(index, None, request_timeout_s=0)
+
+
 def first_line_then_leave(url: str, body: dict) -> None:
     """Open a streamed /ask, read its first line, and disconnect."""
     host, port = url.removeprefix("http://").split(":")
@@ -388,7 +435,7 @@ def test_a_background_ingest_job_reports_progress_and_can_be_cancelled(index, tm
 
 def test_job_errors_map_to_their_status_codes(index, tmp_path, monkeypatch):
     """ingest_jobs.py raises domain errors; the server answers each with its status and the error's message."""
-    from nugget_rag import ingest_jobs
+    from nugget_rag.serving import ingest_jobs
 
     monkeypatch.setattr(ingest_jobs, "MAX_JOBS", 0)
     with TestClient(create_app(index, tmp_path)) as client:
@@ -793,7 +840,7 @@ from test_integrations import HashEmbeddings
 from tiny import tiny_base
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
 from nugget_rag.integrations import NuggetIndex
-from nugget_rag.server import create_app
+from nugget_rag.serving import create_app
 
 real, steps = NuggetModel.compress, []
 

@@ -1,4 +1,4 @@
-"""ASGI middleware of `nugget-rag serve` (server.py): a body limit, an API key, and Prometheus metrics."""
+"""ASGI middleware of `nugget-rag serve` (nugget_rag/serving): a body limit, an API key, and Prometheus metrics."""
 
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ from typing import Literal
 from langchain_core.documents import Document
 from pydantic import BaseModel, Field, ValidationError
 
-from .cancellation import Stop
-from .files import write_atomic
-from .store import NuggetStore
+from ..cancellation import Stop
+from ..files import write_atomic
+from ..store import NuggetStore
 
 log = logging.getLogger(__name__)
 
