@@ -8,7 +8,8 @@ not the driver's; the driver itself refuses an index whose nuggets another model
 The replicas read one shared nugget store (Redis, or a directory every node sees) and one index directory (a
 filesystem every node mounts at the same path). Before each use a replica checks the index's manifest (one stat);
 when another replica's ingest replaced it, it loads the new one, so an ingest through any replica is seen by all.
-POST /ingest (and its background jobs) runs on Ray Data (`ingest_distributed`), under the directory's lock.
+POST /ingest (and its background jobs) runs ingest_pipeline's ingest, compressing on Ray Data (RayCompression), under
+the directory's lock.
 
 Routes, API key, streaming and OpenAI compatibility are the single-process server's; /health and /metrics describe
 the replica that answered, named by every response's `x-nugget-replica` header. With `max_replicas`, Serve scales
@@ -37,13 +38,14 @@ from nugget_rag.store import StoreLocation
 
 from .index import NuggetIndex
 from .index_files import MANIFEST_FILE, IndexFileError, read_manifest
+from .ingest_pipeline import ingest
 from .ray_ingest import (
     COMPRESSOR_SETTINGS,
     ModelLoader,
     ModelMismatchError,
+    RayCompression,
     RayIngestOptions,
     connect,
-    ingest_distributed,
     shared_location,
 )
 from .vectorstores import VectorStoreSpec
@@ -197,8 +199,8 @@ class NuggetReplica:
                     "vectorstore": self.index.user_vectorstore}
         with NuggetIndex.updating(self.spec.index_dir, self.index.compressor, self.spec.embeddings,
                                   **settings) as updated:
-            added = ingest_distributed(updated, documents, options.model_copy(update={"workers": workers}),
-                                       model=self.spec.load_model)
+            stage = RayCompression(options.model_copy(update={"workers": workers}), self.spec.load_model)
+            added = ingest(updated, documents, stage=stage)
         self.index.current()  # this replica's next answer reads it
         return added
 
