@@ -37,9 +37,9 @@
                    no_repeat_ngram_size and repetition_penalty as /ask's (extra fields, as vLLM takes them).
                    A failure after the first event ends the stream with a `data: {"error": {...}}` event
 
-Job records live in the nugget store, so a restarted server, or another one over the store, reports them; a job
-whose server stopped is "interrupted" (its documents were in that server's memory: send the rest again, which
-computes only the states not stored yet). More than MAX_JOBS jobs queued or running on one server get 503.
+Job records and documents live in the nugget store, so a restarted server, or another one over the store, reports
+them; a job whose server stopped is "interrupted", and resumes when a server over its index starts (`resume_jobs`),
+or with `nugget-rag jobs resume ID`. More than MAX_JOBS jobs queued or running on one server get 503.
 Requests beyond `max_pending` in flight get 503; bodies over `max_body_bytes` get 413; malformed or incomplete JSON
 gets 422, and so does text that is not valid Unicode (a lone surrogate), naming its field. Whatever refuses a
 request does so before a streamed answer's first byte: its first piece is decoded before the response starts.
@@ -293,17 +293,21 @@ class _Stream(StreamingResponse):
 def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int = 32,
                max_body_bytes: int = 1 << 20, max_batch: int = 8, request_timeout_s: float = 600,
                api_key: str | None = None, max_ingest_documents: int = 100,
-               ingest_documents: Callable[[list[Document]], int] | None = None):
+               ingest_documents: Callable[[list[Document]], int] | None = None, resume_jobs: bool = False):
     """The server (an ASGI app) over a loaded `NuggetIndex` (its compressor, store and vector store); `index_dir`:
     the index's directory, which /ingest updates as `nugget-rag ingest` does (None: the index stays in memory);
     `request_timeout_s`: a request still under way after this long stops at its next step (504); `api_key`: the key every path
     but /health needs (None: none); `max_ingest_documents`: the most documents one /ingest or /compress request
     takes (more: 413; POST /ingest/jobs takes more, in the background); `ingest_documents`: how /ingest and its jobs add
-    documents instead, returning the new chunks, which `index` then holds (a Ray cluster's, integrations/ray_serve.py)."""
+    documents instead, returning the new chunks, which `index` then holds (a Ray cluster's, integrations/ray_serve.py);
+    `resume_jobs`: as it starts, the server resumes the ingest jobs into `index_dir` whose server stopped
+    (IngestJobs.resume_stale)."""
     from .integrations import NuggetIndex, build_qa_chain, reading_view
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if resume_jobs:
+            await anyio.to_thread.run_sync(jobs.resume_stale)
         yield
         await anyio.to_thread.run_sync(jobs.close)  # its jobs under way: recorded as interrupted, their step ended
 
@@ -532,7 +536,8 @@ def create_app(index: Any, index_dir: str | Path | None = None, max_pending: int
                 index, published = updated, version
         return added
 
-    jobs = IngestJobs(add_documents, JobRecords(compressor.store))
+    jobs = IngestJobs(add_documents, JobRecords(compressor.store),
+                      index=None if index_dir is None else str(Path(index_dir).resolve()))
 
     @app.post("/ingest")
     async def ingest(request: DocumentsRequest, http: Request) -> dict:
