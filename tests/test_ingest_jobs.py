@@ -113,7 +113,7 @@ def test_a_job_whose_server_is_heard_from_is_not_taken(records):
     job = recorded(records, heartbeat=time.time() - 5)
     jobs = IngestJobs(Ingested(), records, index=INDEX)
     assert jobs.resume_stale() == []
-    with pytest.raises(JobConflict, match=f"runs on the server elsewhere:7, heard from 5 s ago.*silent for "
+    with pytest.raises(JobConflict, match=f"runs on the server elsewhere:7, heard from [0-9]+ s ago.*silent for "
                                           f"{ingest_jobs.STALE_S:.0f} s"):
         jobs.resume(job.id)
     assert jobs.get(job.id).status == "running" and records.get(job.id).attempt == 0
@@ -186,10 +186,9 @@ def test_a_server_whose_job_another_resumed_stops_it_and_leaves_its_record(recor
     assert first.active == 0
     records.put(records.get(job.id).model_copy(update={"server": "other:1", "attempt": 1}))  # the other's record
     ingest.hold.set()
-    time.sleep(0.3)  # the step under way ends; nothing of it is written
-    assert records.get(job.id).server == "other:1" and len(ingest.calls) == 1
-    first.close()
-    assert records.get(job.id).status == "running"  # the other server's job: not recorded as interrupted here
+    first.close()  # waits for the step under way to end: nothing of it is written, nor is the job interrupted here
+    assert len(ingest.calls) == 1 and records.get(job.id).server == "other:1"
+    assert records.get(job.id).status == "running"  # the other server's job
 
 
 def test_an_old_record_without_its_documents_is_refused_by_name(records, caplog):
