@@ -42,7 +42,7 @@ def run(docs: list[Document], workers: int, compressor: NuggetCompressor, embedd
         index = NuggetIndex(driver, embeddings)
         started = time.perf_counter()
         ingest_distributed(index, docs, RayIngestOptions(workers=workers, threads_per_worker=1,
-                                                         documents_per_batch=per_batch), model=ModelLoader())
+                                                         chunks_per_batch=per_batch), model=ModelLoader())
         wall = time.perf_counter() - started
     stats = index.last_ingest
     assert stats["computed"] == stats["chunks"] == len(index), stats
@@ -75,7 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=48)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--documents-per-batch", type=int, help="documents a worker takes at a time (default: "
+    parser.add_argument("--chunks-per-batch", type=int, help="chunks a worker takes at a time (default: "
                         "RayIngestOptions'; small batches keep the workers evenly loaded)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ray-ingest"))
     args = parser.parse_args()
@@ -87,7 +87,7 @@ def main() -> None:
     ray.init(num_cpus=max(args.workers), include_dashboard=False, log_to_driver=False)
     rows = []
     for workers in args.workers:
-        rows.append(run(docs, workers, compressor, embeddings, args.documents_per_batch))
+        rows.append(run(docs, workers, compressor, embeddings, args.chunks_per_batch))
         print(json.dumps(rows[-1]), flush=True)
     meta["load_after"] = round(os.getloadavg()[0], 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,12 +13,12 @@ from typing import Any
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
-from tqdm.auto import tqdm
 
-from nugget_rag.cancellation import check
-from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
+from nugget_rag.cancellation import Stop
+from nugget_rag.compressor import NuggetCompressor
 from nugget_rag.store import NuggetStore
 
+from . import ingest_pipeline
 from .chunking import split_documents, token_splitter
 from .embeddings import MINILM_NAME, embedding_name, minilm_embeddings
 from .faiss_store import copy_faiss, empty_faiss, faiss_bytes, load_faiss
@@ -86,7 +85,7 @@ class NuggetIndex:
         self.vectorstore: VectorStore | None = vectorstore
         self.dimension: int | None = None  # of the vectors, known at the first add (or from a saved index)
         self._records: dict[str, Document] = {}  # chunk id -> chunk, in index order (FAISS's, for the default)
-        self.last_ingest: dict[str, float] = {}
+        self.last_ingest: dict[str, Any] = {}  # what the last ingest did (ingest_pipeline.ingest)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -121,40 +120,14 @@ class NuggetIndex:
         `chunk`/`start_index` metadata (chunking.split_documents)."""
         return split_documents(self.splitter, documents)
 
-    def ingest(self, documents: Iterable[Document]) -> int:
-        """Split, compress into the nugget store and add to the vector store; returns the number of new chunks.
+    def ingest(self, documents: Iterable[Document], stop: Stop | None = None) -> int:
+        """Split, compress into the nugget store and add to the vector store; returns the number of new chunks
+        (ingest_pipeline.ingest: its stages, and `stop`).
 
         Chunks whose id is already indexed are skipped (re-ingesting a text adds nothing). Each batch is
         compressed before it is indexed, so every indexed chunk has its nuggets in the store.
         """
-        documents = list(documents)
-        chunks = self.split(documents)
-        known = set(self.ids)
-        new: dict[str, Document] = {}
-        for chunk in chunks:
-            if chunk.id not in known and chunk.id not in new:
-                new[chunk.id] = chunk
-        todo = list(new.values())
-        bar = tqdm(total=len(todo), desc="ingesting", unit="chunk", disable=not self.show_progress or not todo)
-        tokens, started = 0, time.perf_counter()
-        try:
-            for start in range(0, len(todo), self.batch_size):
-                check()  # a cancelled request stops here (cancellation.py): every batch added so far is whole
-                batch = todo[start : start + self.batch_size]
-                compressed = self.compressor.invoke(batch)
-                vectors = self.embeddings.embed_documents([d.page_content for d in compressed])
-                self.add_chunks(compressed, vectors)
-                tokens += sum(d.metadata[METADATA_KEY]["n_tokens"] for d in compressed)
-                bar.update(len(batch))
-                bar.set_postfix_str(f"{tokens / (time.perf_counter() - started):.0f} tokens/s", refresh=False)
-        finally:
-            bar.close()
-        self.last_ingest = {"documents": len(documents), "chunks": len(chunks), "added": len(todo),
-                            "skipped": len(chunks) - len(todo), "tokens": tokens,
-                            "seconds": round(time.perf_counter() - started, 3)}
-        log.info("ingested %(documents)d documents: %(chunks)d chunks, %(added)d new, %(skipped)d already indexed",
-                 self.last_ingest)
-        return len(todo)
+        return ingest_pipeline.ingest(self, documents, stop)
 
     def add_chunks(self, docs: Sequence[Document], vectors: Sequence[Sequence[float]]) -> None:
         """Add split, compressed chunks (each with its id) and their vectors from `embeddings` to the vector store

@@ -1,15 +1,16 @@
-"""Distributed ingest on Ray Data: a pool of actors, each holding one nugget model, compresses into one shared store.
+"""Distributed ingest on Ray Data: ingest_pipeline's ingest, whose compress stage runs on a pool of actors, each
+holding one nugget model, compressing into one shared store.
 
     with NuggetIndex.updating("my-index", NuggetCompressor.from_pretrained(store=NuggetStore.from_redis(URL))) as index:
         ingest_distributed(index, ["corpus/"], RayIngestOptions(address="head:6379", gpus_per_worker=1))
 
 The driver reads the input (files and folders as `nugget-rag ingest` does, Documents, or a Ray Dataset of
-{"text", "id", "title", "source"} rows) and sends its documents in batches to a fixed pool of actors (`map_batches`
-with `ActorPoolStrategy`). Each actor loads its model once (`ModelLoader`), refuses to start when the model's
-fingerprint is not the driver's (so a store never mixes models), splits its documents as `NuggetIndex.split` does,
-compresses the chunks straight into the shared store (Redis, or a directory every node sees) and embeds them. The
-driver puts the vectors and metadata into the index's vector store (its FAISS, or the user's own) in the documents'
-order: the index a single-process ingest builds.
+{"text", "id", "title", "source"} rows), splits it and drops the chunks already indexed (the pipeline's split and
+de-duplicate), then sends the new chunks in batches to a fixed pool of actors (`map_batches` with
+`ActorPoolStrategy`): RayCompression, the pipeline's compress stage. Each actor loads its model once (`ModelLoader`),
+refuses to start when the model's fingerprint is not the driver's (so a store never mixes models), and runs the
+pipeline's compress (straight into the shared store: Redis, or a directory every node sees) and embed. The driver
+adds the chunks and vectors to the index in the chunks' order: the index a single-process ingest builds.
 A state already in the store is read, never recomputed: a rerun after a crash computes only what is missing, and a
 killed worker is restarted by Ray, which retries its batch.
 """
@@ -34,6 +35,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
+from nugget_rag.cancellation import Stop, check
 from nugget_rag.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.cli_options import RAY_ADDRESS
 from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
@@ -41,6 +43,7 @@ from nugget_rag.model import NuggetModel
 from nugget_rag.store import NuggetStore, StoreLocation, StoreUnavailableError
 
 from .index import NuggetIndex
+from .ingest_pipeline import compress, embed, ingest
 from .loaders import read_documents
 
 try:
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 
 # The compressor settings a worker takes from the driver's compressor (its model it loads itself).
 COMPRESSOR_SETTINGS = ("ratio", "keep_ratio", "batch_size", "segment_tokens", "kv_format", "text_states")
+ADD_BATCH = 1024  # chunks the driver adds to the index at a time
 
 
 class RayClusterError(ConnectionError):
@@ -108,8 +112,8 @@ class RayIngestOptions(BaseModel):
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
     threads_per_worker: int = Field(1, ge=1, description="torch threads in each worker")
-    documents_per_batch: int | None = Field(None, ge=1, description="documents a worker takes at a time (one Ray "
-                                            "batch; default: a quarter of each worker's share, 1 to 16)")
+    chunks_per_batch: int | None = Field(None, ge=1, description="chunks a worker takes at a time (one Ray batch; "
+                                         "default: a quarter of each worker's share, 1 to 64)")
 
     @field_validator("address")
     @classmethod
@@ -146,100 +150,127 @@ def ingest_distributed(
     data: ray.data.Dataset | Sequence[str | Path] | Sequence[Document],
     options: RayIngestOptions | None = None,
     model: ModelLoader | Callable[[], NuggetModel] | None = None,
+    stop: Stop | None = None,
 ) -> int:
-    """`index.ingest` on a Ray cluster: split, compress (on the Ray workers, into the shared store) and index `data`
-    (file and folder paths, Documents, or a Ray Dataset); returns the new chunks.
+    """`index.ingest` on a Ray cluster: ingest_pipeline's ingest of `data` (file and folder paths, Documents, or a
+    Ray Dataset), compressing on the Ray workers into the shared store (RayCompression); returns the new chunks.
 
     `model` is what each worker loads (default `ModelLoader()`: the default checkpoint, in the driver model's dtype);
     a worker whose model is not the driver's is refused before it writes. Chunks already indexed are skipped; files
     that are empty or cannot be read are skipped and named in `index.last_ingest["skipped_files"]`. Progress is
-    shown with `index.show_progress`.
+    shown with `index.show_progress`; `stop` as the pipeline's.
     """
     options = options or RayIngestOptions()
-    started = time.perf_counter()
-    location = shared_location(index.compressor.store)  # before any work: the workers must reach the store
+    shared_location(index.compressor.store)  # before any work: the workers must reach the store
     connect(options.address)
-    rows, skipped_files = _rows(data)
+    documents, skipped_files = read_input(data)
     for path, reason in skipped_files.items():
         log.warning("skipped %s: %s", path, reason)
-    if location.directory is not None and len(ray.nodes()) > 1:
-        log.warning("the nuggets go to the directory %s: every node of the cluster must see it (a shared filesystem), "
-                    "else use a Redis store", location.directory)
-    workers = options.workers or _default_workers(options)
-    results, timing = _compress(index, rows, options, workers, _worker_args(index, location, options, model),
-                                started) if not isinstance(rows, list) or rows else ([], {})
-    chunks, vectors = _gather(results)
-    known, new = set(index.ids), {}
-    for chunk, vector in zip(chunks, vectors):
-        if chunk.id not in known and chunk.id not in new:
-            new[chunk.id] = (chunk, vector)
-    todo = list(new.values())
-    for start in range(0, len(todo), 1024):
-        index.add_chunks([c for c, _ in todo[start : start + 1024]], [v for _, v in todo[start : start + 1024]])
-    indexed = sum(int(r.known) for r in results)
-    index.last_ingest = {
-        "documents": len(results), "chunks": len(chunks) + indexed, "added": len(todo),
-        "skipped": len(chunks) + indexed - len(todo), "tokens": sum(c.metadata[METADATA_KEY]["n_tokens"] for c, _ in todo),
-        "computed": sum(int(r.computed) for r in results), "workers": workers, "skipped_files": skipped_files,
-        "seconds": round(time.perf_counter() - started, 3), **timing,
-    }
-    log.info("ingested %(documents)d documents on %(workers)d Ray workers: %(chunks)d chunks, %(added)d new, "
-             "%(computed)d compressed", index.last_ingest)
-    return len(todo)
+    added = ingest(index, documents, stop, stage=RayCompression(options, model))
+    index.last_ingest["skipped_files"] = skipped_files
+    log.info("compressed %(computed)d states on %(workers)d Ray workers (the rest were in the store)",
+             index.last_ingest)
+    return added
 
 
-def _worker_args(index: NuggetIndex, location: StoreLocation, options: RayIngestOptions,
-                 model: ModelLoader | Callable[[], NuggetModel] | None) -> dict[str, Any]:
-    """CompressWorker's arguments: the model to load, the driver compressor's settings and fingerprint, the chunking,
-    the embeddings (sent to each worker; SentenceTransformerEmbeddings as their path) and the chunks indexed."""
-    loader = model if model is not None else ModelLoader()
-    if isinstance(loader, ModelLoader) and loader.dtype is None:
-        loader = loader.model_copy(update={"dtype": str(index.compressor.model.dtype).removeprefix("torch.")})
-    compressor = index.compressor
-    return {"load_model": loader, "settings": {name: getattr(compressor, name) for name in COMPRESSOR_SETTINGS},
-            "store": location, "embeddings": index.embeddings, "chunk_tokens": index.chunk_tokens,
-            "chunk_overlap": index.chunk_overlap, "fingerprint": compressor.fingerprint, "known": sorted(index.ids),
-            "threads": options.threads_per_worker}
-
-
-def _compress(index: NuggetIndex, rows: list[dict[str, Any]] | ray.data.Dataset, options: RayIngestOptions,
-              workers: int, worker_args: dict[str, Any], started: float) -> tuple[list[DocumentResult], dict]:
-    """Run the actor pool over the documents: each document's result, as they come, with a progress bar; and the
-    timing: seconds until the first results came ("startup_seconds": Ray, loading the models, a first batch), and
-    the tokens/s from then on ("running_tokens_per_s", once every worker runs; None with one batch)."""
-    results: list[DocumentResult] = []
-    first: tuple[float, int] | None = None  # when the first results came, and their tokens
-    total = len(rows) if isinstance(rows, list) else None
-    bar = tqdm(total=total, desc=f"ingesting on {workers} Ray workers", unit="doc", disable=not index.show_progress)
-    try:
+def read_input(data: Any) -> tuple[list[Document], dict[str, str]]:
+    """The documents of `data` (a Ray Dataset's rows read here), and the files skipped, with why."""
+    if isinstance(data, ray.data.Dataset):
         with _quiet_ray_data():
-            share = (total if total is not None else 64 * workers) // (4 * workers)
-            batch_size = options.documents_per_batch or min(16, max(1, share))
-            if isinstance(rows, list):
+            return [_row_document(row) for row in data.iter_rows()], {}
+    items = [data] if isinstance(data, (str, Path)) else list(data)
+    if all(isinstance(item, Document) for item in items):
+        return items, {}
+    if all(isinstance(item, (str, Path)) for item in items):
+        docs, skipped = read_documents(items)
+        return docs, skipped
+    raise TypeError("ingest_distributed takes file or folder paths, Documents, or a Ray Dataset; got "
+                    f"{', '.join(sorted({type(item).__name__ for item in items}))}")
+
+
+def _row_document(row: dict[str, Any]) -> Document:
+    """A Dataset's row as a Document: its "text", and its "id", "title", "source" (as a JSONL line's fields)."""
+    meta = {k: str(row[k]) for k in ("id", "title", "source") if row.get(k) is not None}
+    if meta.get("id") or meta.get("source"):
+        meta["source"] = meta.get("id") or meta["source"]
+    return Document(page_content=str(row["text"]), metadata=meta)
+
+
+class RayCompression:
+    """ingest_pipeline's compress stage on a Ray cluster: a fixed pool of CompressWorker actors (`options`; each
+    loads `model`, default `ModelLoader()`) compresses the chunks into the shared store and embeds them; the batches
+    come back in the chunks' order. `stats`: the workers, the states computed (the rest were in the store), the
+    seconds until the first results came ("startup_seconds": Ray, loading the models, a first batch) and the tokens/s
+    from then on ("running_tokens_per_s", once every worker runs; None with one batch)."""
+
+    def __init__(self, options: RayIngestOptions, model: ModelLoader | Callable[[], NuggetModel] | None = None):
+        self.options, self.model = options, model if model is not None else ModelLoader()
+        self.stats: dict[str, Any] = {}
+
+    def __call__(self, index: NuggetIndex, chunks: list[Document]) -> Iterator[tuple[list[Document], list]]:
+        location = shared_location(index.compressor.store)
+        if location.directory is not None and len(ray.nodes()) > 1:
+            log.warning("the nuggets go to the directory %s: every node of the cluster must see it (a shared "
+                        "filesystem), else use a Redis store", location.directory)
+        workers = self.options.workers or _default_workers(self.options)
+        self.stats = {"workers": workers, "computed": 0, "startup_seconds": None, "running_tokens_per_s": None}
+        if not chunks:
+            return
+        results = sorted(self._run(index, chunks, workers, location), key=lambda result: int(result.position))
+        self.stats["computed"] = sum(int(result.computed) for result in results)
+        for start in range(0, len(results), ADD_BATCH):
+            part = [(chunks[int(r.position)], r) for r in results[start : start + ADD_BATCH]]
+            yield ([Document(id=chunk.id, page_content=chunk.page_content, metadata=json.loads(r.metadata))
+                    for chunk, r in part],
+                   [np.frombuffer(r.vector, dtype=np.float32) for _, r in part])
+
+    def _worker_args(self, index: NuggetIndex, location: StoreLocation) -> dict[str, Any]:
+        """CompressWorker's arguments: the model to load, the driver compressor's settings and fingerprint, the
+        store and the embeddings (sent to each worker; SentenceTransformerEmbeddings as their path)."""
+        loader, compressor = self.model, index.compressor
+        if isinstance(loader, ModelLoader) and loader.dtype is None:
+            loader = loader.model_copy(update={"dtype": str(compressor.model.dtype).removeprefix("torch.")})
+        return {"load_model": loader, "settings": {name: getattr(compressor, name) for name in COMPRESSOR_SETTINGS},
+                "store": location, "embeddings": index.embeddings, "fingerprint": compressor.fingerprint,
+                "threads": self.options.threads_per_worker}
+
+    def _run(self, index: NuggetIndex, chunks: list[Document], workers: int,
+             location: StoreLocation) -> list[ChunkResult]:
+        """Run the actor pool over the chunks: each chunk's result, as they come, with a progress bar."""
+        results: list[ChunkResult] = []
+        started, first = time.perf_counter(), None  # when the first results came, and their tokens
+        bar = tqdm(total=len(chunks), desc=f"ingesting on {workers} Ray workers", unit="chunk",
+                   disable=not index.show_progress)
+        rows = [{"position": i, "text": c.page_content, "metadata": json.dumps(c.metadata)}
+                for i, c in enumerate(chunks)]
+        try:
+            with _quiet_ray_data():
+                batch_size = self.options.chunks_per_batch or min(64, max(1, len(rows) // (4 * workers)))
                 blocks = max(1, math.ceil(len(rows) / batch_size))  # a batch a block, spread over the workers
-                rows = ray.data.from_items(rows, override_num_blocks=blocks)
-            compressed = rows.map_batches(
-                CompressWorker, batch_size=batch_size, batch_format="numpy",
-                compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=options.cpus_per_worker,
-                num_gpus=options.gpus_per_worker or None, fn_constructor_kwargs=worker_args,
-                udf_modifying_row_count=False,
-            )
-            for batch in compressed.iter_batches(batch_size=None, batch_format="numpy"):
-                results += [DocumentResult(*row) for row in zip(*(batch[name] for name in DocumentResult._fields))]
-                now, tokens = time.perf_counter(), sum(int(r.tokens) for r in results)
-                first = first or (now, tokens)
-                bar.update(len(batch["position"]))
-                bar.set_postfix_str(f"{tokens / (now - started):.0f} tokens/s", refresh=False)
-    except Exception as err:
-        cause = _worker_error(err)
-        if cause is err:
-            raise
-        raise cause from err
-    finally:
-        bar.close()
-    running = (tokens - first[1]) / (now - first[0]) if first and now > first[0] else None
-    return results, {"startup_seconds": round(first[0] - started, 3) if first else None,
-                     "running_tokens_per_s": None if running is None else round(running, 1)}
+                compressed = ray.data.from_items(rows, override_num_blocks=blocks).map_batches(
+                    CompressWorker, batch_size=batch_size, batch_format="numpy",
+                    compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=self.options.cpus_per_worker,
+                    num_gpus=self.options.gpus_per_worker or None, udf_modifying_row_count=False,
+                    fn_constructor_kwargs=self._worker_args(index, location),
+                )
+                for batch in compressed.iter_batches(batch_size=None, batch_format="numpy"):
+                    check()  # a cancelled ingest stops here, before anything is added
+                    results += [ChunkResult(*row) for row in zip(*(batch[name] for name in ChunkResult._fields))]
+                    now, tokens = time.perf_counter(), sum(int(r.tokens) for r in results)
+                    first = first or (now, tokens)
+                    bar.update(len(batch["position"]))
+                    bar.set_postfix_str(f"{tokens / (now - started):.0f} tokens/s", refresh=False)
+        except Exception as err:
+            cause = _worker_error(err)
+            if cause is err:
+                raise
+            raise cause from err
+        finally:
+            bar.close()
+        running = (tokens - first[1]) / (now - first[0]) if first and now > first[0] else None
+        self.stats.update(startup_seconds=round(first[0] - started, 3) if first else None,
+                          running_tokens_per_s=None if running is None else round(running, 1))
+        return results
 
 
 @contextmanager
@@ -256,39 +287,11 @@ def _quiet_ray_data() -> Iterator[None]:
         logger.setLevel(saved[1])
 
 
-def _rows(data: Any) -> tuple[list[dict[str, Any]] | ray.data.Dataset, dict[str, str]]:
-    """The documents to send, one row each ({"position", "text", "id", "metadata"}), and the files skipped."""
-    if isinstance(data, ray.data.Dataset):
-        return data, {}
-    items = [data] if isinstance(data, (str, Path)) else list(data)
-    skipped: dict[str, str] = {}
-    if all(isinstance(item, Document) for item in items):
-        docs = items
-    elif all(isinstance(item, (str, Path)) for item in items):
-        docs, skipped = read_documents(items)
-    else:
-        raise TypeError("ingest_distributed takes file or folder paths, Documents, or a Ray Dataset; got "
-                        f"{', '.join(sorted({type(item).__name__ for item in items}))}")
-    return [{"position": i, "text": d.page_content, "id": d.id or "", "metadata": json.dumps(d.metadata)}
-            for i, d in enumerate(docs)], skipped
-
-
 def _default_workers(options: RayIngestOptions) -> int:
     resources = ray.cluster_resources()
     if options.gpus_per_worker:
         return max(1, int(resources.get("GPU", 0) // options.gpus_per_worker))
     return max(1, int(resources.get("CPU", 1) // options.cpus_per_worker))
-
-
-def _gather(results: list[DocumentResult]) -> tuple[list[Document], list[np.ndarray]]:
-    """The chunks and vectors of every document, in the documents' order (then their sources')."""
-    chunks, vectors = [], []
-    for result in sorted(results, key=lambda r: (int(r.position), str(r.source), str(r.chunks))):
-        found = json.loads(result.chunks)
-        if found:
-            chunks += [Document(id=c["id"], page_content=c["page_content"], metadata=c["metadata"]) for c in found]
-            vectors += list(np.frombuffer(result.vectors, dtype=np.float32).reshape(len(found), -1))
-    return chunks, vectors
 
 
 def _worker_error(err: BaseException) -> BaseException:
@@ -305,25 +308,23 @@ def _worker_error(err: BaseException) -> BaseException:
 
 
 # ---------------------------------------------------------------------------------------------- the workers
-class DocumentResult(NamedTuple):
-    """What a worker returns for one document (one output row): its chunks (JSON: id, page_content, metadata) and
-    their float32 vectors, the states it compressed (the rest were in the store), tokens, and chunks already indexed."""
+class ChunkResult(NamedTuple):
+    """What a worker returns for one chunk (one output row): its place among the chunks sent, its metadata with its
+    nuggets (JSON), its float32 vector, whether its state was computed (else it was in the store) and its tokens."""
 
     position: int
-    source: str
-    chunks: str
-    vectors: bytes
+    metadata: str
+    vector: bytes
     computed: int
     tokens: int
-    known: int
 
 
 class CompressWorker:
-    """A Ray Data actor: loads one model, then splits, compresses (into the shared store) and embeds documents."""
+    """A Ray Data actor: loads one model, then runs the pipeline's compress (into the shared store) and embed on
+    batches of chunks."""
 
     def __init__(self, load_model: Callable[[], NuggetModel], settings: dict[str, Any], store: StoreLocation,
-                 embeddings: Embeddings, chunk_tokens: int, chunk_overlap: int, fingerprint: str, known: list[str],
-                 threads: int):
+                 embeddings: Embeddings, fingerprint: str, threads: int):
         torch.set_num_threads(threads)
         compressor = NuggetCompressor(model=load_model(), store=store.open(), **settings)
         if compressor.fingerprint != fingerprint:
@@ -332,46 +333,25 @@ class CompressWorker:
                 f"is not the driver's (fingerprint {fingerprint}); it was refused before writing anything. Load the "
                 "driver's checkpoint, base model and dtype on every node (ModelLoader, or --checkpoint/--base-model)"
             )
-        self.index = NuggetIndex(compressor, embeddings, chunk_tokens=chunk_tokens, chunk_overlap=chunk_overlap)
-        self.known = frozenset(known)
+        self.compressor, self.embeddings = compressor, embeddings
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One row a document: the batch's new chunks are compressed together (the compressor's batched passes)."""
-        compressor = self.index.compressor
-        docs = [_document(batch, i, str(text)) for i, text in enumerate(batch["text"])]
-        split = [self.index.split([doc]) for doc in docs]
-        new = [[c for c in chunks if c.id not in self.known] for chunks in split]
-        texts = {c.page_content for chunks in new for c in chunks}
-        missing = {text for text in texts if compressor.store.get(text, compressor.fingerprint) is None}
-        done = compressor.invoke([c for chunks in new for c in chunks]) if texts else []
-        vectors = np.asarray(self.index.embeddings.embed_documents([c.page_content for c in done]) if done else [],
-                             dtype=np.float32)
-        out: dict[str, list] = {name: [] for name in DocumentResult._fields}
-        start = 0
-        for i, (doc, chunks, fresh) in enumerate(zip(docs, split, new)):
-            mine, start = done[start : start + len(fresh)], start + len(fresh)
-            out["position"].append(int(batch["position"][i]) if "position" in batch else 0)
-            out["source"].append(str(doc.metadata.get("source", "")))
-            out["chunks"].append(json.dumps([{"id": c.id, "page_content": c.page_content, "metadata": c.metadata}
-                                             for c in mine]))
-            out["vectors"].append(vectors[start - len(fresh) : start].tobytes())
-            out["computed"].append(len({c.page_content for c in fresh} & missing))
-            missing -= {c.page_content for c in fresh}  # a text two documents share was compressed once
-            out["tokens"].append(sum(c.metadata[METADATA_KEY]["n_tokens"] for c in mine))
-            out["known"].append(len(chunks) - len(fresh))
+        """One row a chunk: the batch is compressed together (the compressor's batched passes)."""
+        chunks = [Document(page_content=str(text), metadata=json.loads(meta))
+                  for text, meta in zip(batch["text"], batch["metadata"])]
+        store, fingerprint = self.compressor.store, self.compressor.fingerprint
+        missing = {c.page_content for c in chunks if store.get(c.page_content, fingerprint) is None}
+        done = compress(self.compressor, chunks)
+        vectors = np.asarray(embed(self.embeddings, done), dtype=np.float32)
+        computed = []
+        for chunk in done:  # a text twice in the batch was compressed once
+            computed.append(int(chunk.page_content in missing))
+            missing.discard(chunk.page_content)
+        out = {"position": batch["position"], "metadata": [json.dumps(d.metadata) for d in done],
+               "vector": [v.tobytes() for v in vectors], "computed": computed,
+               "tokens": [d.metadata[METADATA_KEY]["n_tokens"] for d in done]}
         return {name: np.array(values, dtype=object) for name, values in out.items()}
 
 
-def _document(batch: dict[str, np.ndarray], i: int, text: str) -> Document:
-    """Row `i` of a batch as a Document: the driver's rows carry JSON metadata; a Dataset's rows "id", "title",
-    "source" columns (as a JSONL line's fields)."""
-    if "metadata" in batch:
-        return Document(page_content=text, metadata=json.loads(batch["metadata"][i]), id=batch["id"][i] or None)
-    meta = {k: str(batch[k][i]) for k in ("id", "title", "source") if k in batch and batch[k][i] is not None}
-    if meta.get("id") or meta.get("source"):
-        meta["source"] = meta.get("id") or meta["source"]
-    return Document(page_content=text, metadata=meta)
-
-
-__all__ = ["CompressWorker", "ModelLoader", "ModelMismatchError", "RayClusterError", "RayIngestOptions",
-           "connect", "ingest_distributed", "shared_location"]
+__all__ = ["ChunkResult", "CompressWorker", "ModelLoader", "ModelMismatchError", "RayClusterError", "RayCompression",
+           "RayIngestOptions", "connect", "ingest_distributed", "read_input", "shared_location"]

@@ -8,7 +8,8 @@ not the driver's; the driver itself refuses an index whose nuggets another model
 The replicas read one shared nugget store (Redis, or a directory every node sees) and one index directory (a
 filesystem every node mounts at the same path). Before each use a replica checks the index's manifest (one stat);
 when another replica's ingest replaced it, it loads the new one, so an ingest through any replica is seen by all.
-POST /ingest (and its background jobs) runs on Ray Data (`ingest_distributed`), under the directory's lock.
+POST /ingest (and its background jobs) runs ingest_pipeline's ingest, compressing on Ray Data (RayCompression), under
+the directory's lock.
 
 Routes, API key, streaming and OpenAI compatibility are the single-process server's; /health and /metrics describe
 the replica that answered, named by every response's `x-nugget-replica` header. With `max_replicas`, Serve scales
@@ -30,7 +31,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nugget_rag.cancellation import Stop, cancellable
+from nugget_rag.cancellation import Stop
 from nugget_rag.compressor import NuggetCompressor
 from nugget_rag.config import MergedFormat
 from nugget_rag.model import NuggetModel
@@ -38,13 +39,14 @@ from nugget_rag.store import StoreLocation
 
 from .index import NuggetIndex
 from .index_files import MANIFEST_FILE, IndexFileError, read_manifest
+from .ingest_pipeline import ingest
 from .ray_ingest import (
     COMPRESSOR_SETTINGS,
     ModelLoader,
     ModelMismatchError,
+    RayCompression,
     RayIngestOptions,
     connect,
-    ingest_distributed,
     shared_location,
 )
 from .vectorstores import VectorStoreSpec
@@ -178,6 +180,7 @@ class ReplicaIndex:
 
     def __init__(self, shared: SharedIndex, spec: ReplicaSpec):
         self.shared, self.spec, self.compressor = shared, spec, shared.compressor
+        self.location = str(spec.index_dir)
 
     def current(self) -> NuggetIndex:
         return self.shared.current()
@@ -188,10 +191,10 @@ class ReplicaIndex:
         workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
         settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
                     "vectorstore": self.shared.user_vectorstore}
-        with cancellable(stop), NuggetIndex.updating(self.spec.index_dir, self.compressor, self.spec.embeddings,
-                                                     **settings) as updated:  # stopped, the copy is not saved
-            added = ingest_distributed(updated, documents, options.model_copy(update={"workers": workers}),
-                                       model=self.spec.load_model)
+        with NuggetIndex.updating(self.spec.index_dir, self.compressor, self.spec.embeddings,
+                                  **settings) as updated:  # stopped, the copy is not saved
+            stage = RayCompression(options.model_copy(update={"workers": workers}), self.spec.load_model)
+            added = ingest(updated, documents, stop, stage=stage)
         self.shared.current()  # this replica's next answer reads it
         return added
 

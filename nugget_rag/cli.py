@@ -4,6 +4,7 @@
     nugget-rag ingest corpus/ --index my-index --store redis://head:6379/0 --ray head:6379
     nugget-rag ask "How do I parse JSON?" --index my-index
     nugget-rag prune --index my-index
+    nugget-rag jobs resume ingest-1f0e... --index my-index
     nugget-rag inspect README.md --html nuggets.html
     nugget-rag train --config configs/recipe-r10.yaml
     nugget-rag eval --tasks squad --ratios 10 --limit 20
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -289,13 +291,74 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"{' (API key required)' if key else ''}", flush=True)
         wait_for_interrupt()
         return 0
-    app = create_app(index, args.index, **settings)
+    app = create_app(index, args.index, resume_jobs=True, **settings)
     print(f"serving {args.index} ({len(index)} chunks) on http://{args.host}:{args.port}"
           f"{' (API key required)' if key else ''}", flush=True)
     import uvicorn
 
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """`jobs list` the ingest jobs recorded in an index's store; `jobs resume ID` runs a job whose server stopped,
+    from the documents it had not ingested, in this process (Ctrl-C leaves it to resume again)."""
+    from .integrations.index_files import NUGGETS_DIR
+    from .serving.ingest_jobs import IngestJobError, reported
+    from .serving.job_records import JobRecords
+    from .store import NuggetStore
+
+    if (args.action == "resume") != (args.id is not None):
+        raise UserError("give `jobs resume ID` (`jobs list` names them), or `jobs list` without an ID")
+    if args.action == "resume":
+        try:
+            return _resume_job(args)
+        except IngestJobError as err:
+            raise UserError(str(err)) from None
+    if not args.store and not (args.index / NUGGETS_DIR).is_dir():
+        raise UserError(f"no nugget store in {args.index / NUGGETS_DIR}: give the index directory its server used, "
+                        "or the --store URL it used")
+    store = args.store.open() if args.store else NuggetStore(directory=args.index / NUGGETS_DIR)
+    now = time.time()
+    for job in JobRecords(store).all():
+        job = reported(job, now)
+        print(f"{job.id}  {job.status:<11}  {job.done}/{job.documents} documents, {job.added} new chunks  "
+              f"(server {job.server or '?'})" + (f"\n    {job.error}" if job.error else ""))
+    return 0
+
+
+def _resume_job(args: argparse.Namespace) -> int:
+    from .integrations import NuggetIndex, read_manifest
+    from .integrations.index_files import NUGGETS_DIR
+    from .serving.ingest_jobs import IngestJobs
+    from .serving.job_records import JobRecords
+
+    args.ratio = (read_manifest(args.index) or {}).get("ratio")
+    compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+    compressor.text_states = args.text_states
+    embeddings = load_embeddings(args)
+    vectorstore = load_vectorstore(args, embeddings)
+
+    def add(documents: list, stop: Callable[[], bool]) -> int:  # as the server adds a job's part
+        with NuggetIndex.updating(args.index, compressor, embeddings, vectorstore=vectorstore) as index:
+            return index.ingest(documents, stop)
+
+    jobs = IngestJobs(add, JobRecords(compressor.store), index=str(args.index.resolve()))
+    try:
+        job = jobs.resume(args.id)
+        print(f"resuming ingest job {job.id} into {args.index}: {job.done} of {job.documents} documents were "
+              "ingested before", flush=True)
+        done = job.done
+        while (job := jobs.get(args.id)).active:
+            if job.done != done and not args.quiet:
+                print(f"  {job.done} of {job.documents} documents", flush=True)
+                done = job.done
+            time.sleep(0.2)
+    finally:
+        jobs.close()  # interrupted (Ctrl-C): recorded so, to resume again
+    print(f"ingest job {job.id} {job.status}: {job.done} of {job.documents} documents ingested, {job.added} new "
+          f"chunks in all" + (f"; {job.error}" if job.error else ""))
+    return 0 if job.status == "done" else 1
 
 
 def cmd_refloor(args: argparse.Namespace) -> int:
@@ -505,6 +568,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_option(serve)
     add_vectorstore_option(serve)
     serve.set_defaults(func=cmd_serve)
+
+    jobs = commands.add_parser("jobs", parents=[common], help="list or resume the ingest jobs of servers",
+                               description="The background ingest jobs (POST /ingest/jobs) recorded in an index's "
+                                           "nugget store: list them, or resume one whose server stopped, in this "
+                                           "process (what it had ingested is skipped).")
+    jobs.add_argument("action", choices=["list", "resume"])
+    jobs.add_argument("id", nargs="?", metavar="ID", help="the job to resume (ingest-...)")
+    jobs.add_argument("--index", type=Path, required=True, metavar="DIR", help="the index directory of the jobs' "
+                                                                               "server")
+    jobs.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    add_text_states_option(jobs)
+    add_store_option(jobs)
+    add_vectorstore_option(jobs)
+    jobs.set_defaults(func=cmd_jobs)
 
     refloor = commands.add_parser("refloor", parents=[common], help="keep fewer nuggets of each indexed chunk",
                                   description="Cut every stored state of an index to a coarser floor: the store "

@@ -17,6 +17,7 @@ for _ in 1 2; do
 done
 status=0
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_server.py tests/test_ray_serve.py tests/test_ray_ingest.py \
-    tests/test_redis.py::test_ingest_jobs_are_recorded_in_redis_for_every_server_over_it "$@" || status=$?
+    tests/test_redis.py::test_ingest_jobs_are_recorded_in_redis_for_every_server_over_it tests/test_ingest_jobs.py \
+    "$@" || status=$?
 echo "stress_suite: pytest exited $status with 2 CPU-bound processes beside it (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 exit "$status"

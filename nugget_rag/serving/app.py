@@ -26,7 +26,10 @@ from .state import AppState, ServerSettings
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """On shutdown, the server's ingest jobs under way are recorded as interrupted, their step ended."""
+    """On start, the jobs into its index that stopped with their server resume (if `resume_jobs`); on shutdown, the
+    server's ingest jobs under way are recorded as interrupted, their step ended."""
+    if app.state.nugget.settings.resume_jobs:
+        await anyio.to_thread.run_sync(app.state.nugget.jobs.resume_stale)
     yield
     await anyio.to_thread.run_sync(app.state.nugget.jobs.close)
 

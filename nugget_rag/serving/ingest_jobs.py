@@ -1,47 +1,45 @@
-"""Background ingest jobs (POST /ingest/jobs of `nugget-rag serve`), their records kept with the nugget store.
+"""Background ingest jobs (POST /ingest/jobs of `nugget-rag serve`), kept beside the nugget store so that they outlive
+their server: each job's record, its documents and its claims (job_records.py), where every server over the same
+store reads them. A server runs its jobs one at a time in a worker thread, a part (JOB_PART documents, read back from
+the store) a step, and records each step.
 
-A server runs its jobs one at a time in a worker thread, JOB_PART documents a step, and writes each job's record
-(JSON) where every server over the same store reads it: a file each in a directory store's `jobs/` folder, a field
-each of a Redis store's hash `<namespace>:ingest-jobs`, or, for a store with neither, the server's memory. So a
-restarted server, or another one over the same store, lists the jobs and reports their status.
-
-A job's documents live only in the memory of the server that runs it. That server refreshes its jobs' `heartbeat`
-every HEARTBEAT_S; a job still queued or running whose server stopped (shut down, or silent for STALE_S) is reported
-"interrupted", with what it had ingested: send the rest again (states already stored are not computed again).
+A server refreshes its jobs' `heartbeat` every HEARTBEAT_S. A job still queued or running whose server stopped (shut
+down, a process of this host that is gone, or silent for STALE_S) is reported "interrupted", with what it had
+ingested, and can resume: `resume_stale` (a server starting over the job's index) or `resume` (`nugget-rag jobs
+resume ID`) claims the job's next attempt (of two servers at once one wins, the other gets JobConflict) and ingests
+the parts not done yet. The ingest skips the chunks already indexed and the compressor the states already stored, so
+each document is compressed and indexed once. A server that finds its job claimed by another stops it. A job that is
+done or cancelled drops its documents; a failed or interrupted one keeps them until it resumes or is dropped
+(KEPT_JOBS).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
-import re
 import socket
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Literal
 
 from langchain_core.documents import Document
-from pydantic import BaseModel, Field, ValidationError
 
 from ..cancellation import Stop
-from ..files import write_atomic
-from ..store import NuggetStore
+from .job_records import IngestJob, JobRecords
 
 log = logging.getLogger(__name__)
 
-JOB_PART = 32  # documents an ingest job adds, and publishes, per step
+JOB_PART = 32  # documents an ingest job keeps in one part, and adds, and publishes, per step
 MAX_JOBS = 16  # ingest jobs queued or running at once on one server
 KEPT_JOBS = 100  # finished jobs whose records stay readable
 JOB_NICE = 10  # how much nicer than the server the thread that runs ingest jobs is (Linux)
 HEARTBEAT_S = 10.0  # how often a server refreshes the records of its jobs under way
 STALE_S = 3 * HEARTBEAT_S  # a job under way whose record is older than this: its server stopped
 CLOSE_WAIT_S = 60.0  # how long a stopping server waits for the step its job has under way
-JOBS_FOLDER = "jobs"  # in a directory store
-_JOB_ID = re.compile(r"ingest-[0-9a-f]{32}")
 
 
 class IngestJobError(Exception):
@@ -53,123 +51,69 @@ class JobNotFound(IngestJobError, LookupError):
 
 
 class JobConflict(IngestJobError):
-    """The job cannot be changed here: another server runs it."""
+    """The job cannot be changed here: another server runs it, or resumes it."""
 
 
 class JobsUnavailable(IngestJobError):
     """This server takes no more jobs now: it is shutting down, or MAX_JOBS are under way."""
 
 
-class IngestJob(BaseModel):
-    """A background ingest (POST /ingest/jobs) and its progress."""
-
-    id: str
-    status: Literal["queued", "running", "done", "failed", "cancelled", "interrupted"] = "queued"
-    documents: int
-    done: int = Field(0, description="Documents ingested so far: questions read their chunks.")
-    added: int = Field(0, description="New chunks so far.")
-    error: str | None = None
-    created: float = Field(default_factory=time.time)
-    finished: float | None = None
-    server: str = Field("", description="The server that runs it: host:process id.")
-    heartbeat: float | None = Field(None, description="When its server last said it was under way.")
-
-    @property
-    def active(self) -> bool:
-        return self.status in ("queued", "running")
-
-    def interrupted(self, why: str, at: float) -> IngestJob:
-        """This job, reported as stopped with its server at `at`: what it had ingested stays."""
-        return self.model_copy(update={
-            "status": "interrupted", "finished": at,
-            "error": f"{why} before the job ended: {self.done} of {self.documents} documents were ingested ("
-                     f"{self.added} new chunks); send the rest again"})
+class JobNotResumable(IngestJobError):
+    """The job cannot resume: its record is of an earlier version, it ingests into another index, or it ended."""
 
 
-class JobRecords:
-    """IngestJob records as JSON beside `store`'s nugget states: files in a directory store's `jobs/` folder, fields
-    of the hash `<namespace>:ingest-jobs` in a Redis store, or memory for a store with neither."""
+def server_gone(server: str) -> bool:
+    """Whether `server` ("host:process id") was a process of this host that no longer runs."""
+    host, _, pid = server.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process
+        return False
+    return False
 
-    def __init__(self, store: NuggetStore):
-        location = store.location
-        self._redis = store.redis_client
-        self._hash = f"{location.namespace}:ingest-jobs" if self._redis is not None else ""
-        directory = location.directory if location is not None else None
-        self._folder = directory / JOBS_FOLDER if directory is not None else None
-        self._memory: dict[str, str] = {}  # where there is neither
 
-    def put(self, job: IngestJob) -> None:
-        data = job.model_dump_json()
-        if self._redis is not None:
-            self._redis.hset(self._hash, job.id, data)
-        elif self._folder is not None:
-            self._folder.mkdir(exist_ok=True)
-            write_atomic(self._folder / f"{job.id}.json", data)
-        else:
-            self._memory[job.id] = data
+def stopped_why(job: IngestJob, now: float) -> str | None:
+    """Why a job under way that another server runs has stopped (its server is gone, or silent for STALE_S); None:
+    it has not."""
+    heard = job.heartbeat or job.created
+    if job.active and (server_gone(job.server) or now - heard > STALE_S):
+        return f"its server {job.server} stopped (last heard from {now - heard:.0f} s ago)"
+    return None
 
-    def get(self, job_id: str) -> IngestJob | None:
-        if not _JOB_ID.fullmatch(job_id):
-            return None
-        if self._redis is not None:
-            data = self._redis.hget(self._hash, job_id)
-        elif self._folder is not None:
-            try:
-                data = (self._folder / f"{job_id}.json").read_bytes()
-            except FileNotFoundError:
-                data = None
-        else:
-            data = self._memory.get(job_id)
-        return None if data is None else self._parse(job_id, data)
 
-    def all(self) -> list[IngestJob]:
-        """Every job recorded, oldest first."""
-        if self._redis is not None:
-            found = {key.decode(): data for key, data in self._redis.hgetall(self._hash).items()}
-        elif self._folder is not None:
-            found = {}
-            for path in self._folder.glob("ingest-*.json"):
-                try:
-                    found[path.stem] = path.read_bytes()
-                except FileNotFoundError:  # deleted meanwhile (another server keeps KEPT_JOBS too)
-                    continue
-        else:
-            found = dict(self._memory)
-        jobs = [self._parse(job_id, data) for job_id, data in found.items()]
-        return sorted((job for job in jobs if job is not None), key=lambda job: job.created)
+def interrupted(job: IngestJob, why: str, at: float) -> IngestJob:
+    """`job`, reported as stopped with its server at `at`: what it had ingested stays."""
+    then = (f": it resumes when a server over its index starts (or `nugget-rag jobs resume {job.id}`), else send the "
+            "rest again" if job.parts is not None else ": send the rest again")
+    return job.model_copy(update={
+        "status": "interrupted", "finished": at,
+        "error": f"{why} before the job ended: {job.done} of {job.documents} documents were ingested ({job.added} "
+                 f"new chunks){then}"})
 
-    def delete(self, ids: list[str]) -> None:
-        if not ids:
-            return
-        if self._redis is not None:
-            self._redis.hdel(self._hash, *ids)
-        elif self._folder is not None:
-            for job_id in ids:
-                (self._folder / f"{job_id}.json").unlink(missing_ok=True)
-        else:
-            for job_id in ids:
-                self._memory.pop(job_id, None)
 
-    @staticmethod
-    def _parse(job_id: str, data: bytes | str) -> IngestJob | None:
-        try:
-            return IngestJob.model_validate_json(data)
-        except ValidationError as err:
-            log.warning("the record of ingest job %s is malformed and was ignored: %s", job_id, err)
-            return None
+def reported(job: IngestJob, now: float) -> IngestJob:
+    """A job that another server runs, as it stands: interrupted if that server stopped."""
+    why = stopped_why(job, now)
+    return job if why is None else interrupted(job, why, job.heartbeat or job.created)
 
 
 class IngestJobs:
     """This server's ingest jobs, run one at a time by a worker thread (started with the first) through
     `ingest(documents, stop)`, which stops at its next step once `stop()` is true; every change is written to
-    `records`, which also hold the jobs of other servers over the same store."""
+    `records`, which also hold the jobs of other servers over the same store. `index`: the directory of the index
+    the jobs ingest into (None: an index in memory), which a job records, and which a resumed job must name."""
 
-    def __init__(self, ingest: Callable[[list[Document], Stop], int], records: JobRecords):
-        self.ingest, self.records = ingest, records
+    def __init__(self, ingest: Callable[[list[Document], Stop], int], records: JobRecords, index: str | None = None):
+        self.ingest, self.records, self.index = ingest, records, index
         self.server = f"{socket.gethostname()}:{os.getpid()}"
+        self.claimant = f"{self.server}/{uuid.uuid4().hex[:8]}"  # who this is in a job's claims
         self.running: dict[str, IngestJob] = {}  # this server's jobs queued or running
         self.lock = threading.Lock()  # held to change a job and write its record
-        self.todo: queue.Queue[tuple[IngestJob, list[Document]] | None] = queue.Queue()  # None: the worker ends
+        self.todo: queue.Queue[IngestJob | None] = queue.Queue()  # None: the worker ends
         self.closed = threading.Event()
         self.threads: list[threading.Thread] = []  # the worker and the heartbeat, started with the first job
 
@@ -179,24 +123,64 @@ class IngestJobs:
             return len(self.running)
 
     def submit(self, documents: list[Document]) -> IngestJob:
+        """A new job of `documents`, kept in the store in parts, then queued."""
         with self.lock:
-            if self.closed.is_set():
-                raise JobsUnavailable("the server is shutting down; submit the job to another one")
-            if len(self.running) >= MAX_JOBS:
-                raise JobsUnavailable(f"{MAX_JOBS} ingest jobs are queued or running; retry once one is done")
+            self._check_open()
             job = IngestJob(id=f"ingest-{uuid.uuid4().hex}", documents=len(documents), server=self.server,
-                            heartbeat=time.time())
+                            heartbeat=time.time(), parts=math.ceil(len(documents) / JOB_PART), index=self.index)
+            try:
+                for part in range(job.parts):
+                    self.records.put_documents(job.id, part, documents[part * JOB_PART:(part + 1) * JOB_PART])
+            except BaseException:
+                self.records.drop_documents(job.id)
+                raise
             self.records.put(job)
-            self.running[job.id] = job
             finished = [j.id for j in self._reported(self.records.all()) if not j.active]
             self.records.delete(finished[:max(0, len(finished) - KEPT_JOBS)])
-            if not self.threads:
-                self.threads = [threading.Thread(target=self._work, name="ingest-jobs", daemon=True),
-                                threading.Thread(target=self._beat, name="ingest-jobs-heartbeat", daemon=True)]
-                for thread in self.threads:
-                    thread.start()
-            self.todo.put((job, documents))
-            return job.model_copy()
+            return self._start(job)
+
+    def resume(self, job_id: str) -> IngestJob:
+        """Take over a job that stopped with its server (interrupted, or its server silent) or failed: claim its next
+        attempt, then run the parts it had not done. JobNotFound; JobConflict where its server still runs it, or
+        another server claimed it first; JobNotResumable saying why it cannot resume (a record of an earlier version,
+        another index, a job that ended)."""
+        with self.lock:
+            self._check_open()
+            job = self.records.get(job_id)
+            if job is None:
+                raise JobNotFound(f"no ingest job {job_id!r} in the store (a finished job is kept until {KEPT_JOBS} "
+                                  "more have finished)")
+            if job_id in self.running:
+                return self.running[job_id].model_copy()
+            self._check_resumable(job)
+            attempt = job.attempt + 1
+            while (claim := self.records.claim(job_id, attempt, self.claimant)).by != self.claimant:
+                if time.time() - claim.at <= STALE_S:
+                    raise JobConflict(f"ingest job {job_id!r} is being resumed by the server "
+                                      f"{claim.by.partition('/')[0]}")
+                attempt += 1  # its claimant stopped before it recorded the job: the next attempt is free
+            job = job.model_copy(update={"status": "queued", "attempt": attempt, "server": self.server,
+                                         "heartbeat": time.time(), "error": None, "finished": None})
+            self.records.put(job)
+            log.info("resuming ingest job %s: %d of %d documents were ingested", job_id, job.done, job.documents)
+            return self._start(job)
+
+    def resume_stale(self) -> list[IngestJob]:
+        """Resume every job over this server's index that stopped with its server (what a server does as it
+        starts); returns them. A job another server claims first, or that cannot resume, is logged and left."""
+        if self.index is None:
+            return []
+        now, resumed = time.time(), []
+        for job in self.records.all():
+            stopped = job.status == "interrupted" or stopped_why(job, now) is not None
+            ours = job.index == self.index or job.parts is None  # an earlier version's: its error is logged
+            if job.id in self.running or not stopped or not ours:
+                continue
+            try:
+                resumed.append(self.resume(job.id))
+            except (JobConflict, JobNotResumable) as err:
+                log.warning("ingest job %s was not resumed: %s", job.id, err)
+        return resumed
 
     def get(self, job_id: str) -> IngestJob:
         with self.lock:
@@ -224,12 +208,13 @@ class IngestJobs:
             return job.model_copy()
 
     def close(self) -> None:
-        """The server stops: its jobs under way are recorded as interrupted and stop at their next step, which this
-        waits for (at most CLOSE_WAIT_S): a thread still computing while Python exits would abort the process."""
+        """The server stops: its jobs under way are recorded as interrupted (to resume) and stop at their next step,
+        which this waits for (at most CLOSE_WAIT_S): a thread still computing while Python exits would abort the
+        process."""
         with self.lock:
             self.closed.set()
             for job in list(self.running.values()):
-                stopped = job.interrupted("the server stopped", time.time())
+                stopped = interrupted(job, "the server stopped", time.time())
                 job.status, job.error, job.finished = stopped.status, stopped.error, stopped.finished
                 self._finish(job)
             self.todo.put(None)
@@ -238,61 +223,112 @@ class IngestJobs:
             if thread.is_alive():
                 log.warning("the %s thread still runs %.0f s after its server stopped", thread.name, CLOSE_WAIT_S)
 
+    def _check_open(self) -> None:
+        """Called with the lock held."""
+        if self.closed.is_set():
+            raise JobsUnavailable("the server is shutting down; submit the job to another one")
+        if len(self.running) >= MAX_JOBS:
+            raise JobsUnavailable(f"{MAX_JOBS} ingest jobs are queued or running; retry once one is done")
+
+    def _check_resumable(self, job: IngestJob) -> None:
+        if job.parts is None:
+            raise JobNotResumable(
+                f"ingest job {job.id!r} was recorded by an earlier version of nugget-rag, which kept its documents "
+                f"only in its server's memory: it cannot resume. {job.done} of its {job.documents} documents were "
+                f"ingested ({job.added} new chunks); send the rest again")
+        if job.index is not None and job.index != self.index:
+            raise JobNotResumable(f"ingest job {job.id!r} ingests into the index in {job.index}, not "
+                                  f"{self.index or 'an index in memory'}; resume it over that index")
+        if job.status in ("done", "cancelled"):
+            raise JobNotResumable(f"ingest job {job.id!r} is {job.status}: there is nothing to resume")
+        if job.active and stopped_why(job, time.time()) is None:
+            raise JobConflict(f"ingest job {job.id!r} runs on the server {job.server}, heard from "
+                              f"{time.time() - (job.heartbeat or job.created):.0f} s ago; it can resume once that "
+                              f"server has been silent for {STALE_S:.0f} s")
+
+    def _start(self, job: IngestJob) -> IngestJob:
+        """Queue `job`, this server's now (the threads start with the first). Called with the lock held."""
+        self.running[job.id] = job
+        if not self.threads:
+            self.threads = [threading.Thread(target=self._work, name="ingest-jobs", daemon=True),
+                            threading.Thread(target=self._beat, name="ingest-jobs-heartbeat", daemon=True)]
+            for thread in self.threads:
+                thread.start()
+        self.todo.put(job)
+        return job.model_copy()
+
     def _reported(self, jobs: list[IngestJob]) -> list[IngestJob]:
-        """The jobs as they stand: this server's from its memory; another's under way, from a server silent for
-        STALE_S, as interrupted."""
-        now, out = time.time(), []
-        for job in jobs:
-            if job.id in self.running:
-                job = self.running[job.id].model_copy()
-            elif job.active and now - (heard := job.heartbeat or job.created) > STALE_S:
-                job = job.interrupted(f"its server {job.server} stopped (last heard from {now - heard:.0f} s ago)",
-                                      heard)
-            out.append(job)
-        return out
+        """The jobs as they stand: this server's from its memory, others' as `reported`."""
+        now = time.time()
+        return [self.running[job.id].model_copy() if job.id in self.running else reported(job, now) for job in jobs]
+
+    def _owns(self, job: IngestJob) -> bool:
+        return self.running.get(job.id) is job
 
     def _finish(self, job: IngestJob) -> None:
         """Record the job's outcome; it is no longer this server's to run. Called with the lock held."""
         self.records.put(job)
         self.running.pop(job.id, None)
+        if job.status in ("done", "cancelled"):  # nothing to resume: its documents go
+            self.records.drop_documents(job.id)
 
     def _work(self) -> None:
         if sys.platform == "linux":  # questions first: this thread, and the threads it starts, at a lower CPU priority
             thread = threading.get_native_id()
             os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + JOB_NICE))
-        while (item := self.todo.get()) is not None:
-            job, documents = item
+        while (job := self.todo.get()) is not None:
             with self.lock:
                 if job.status != "queued":  # cancelled while it waited
                     continue
                 job.status = "running"
                 self.records.put(job)
             try:
-                for start in range(0, len(documents), JOB_PART):
-                    if job.status != "running":  # cancelled, or the server stops
-                        break
-                    added = self.ingest(documents[start:start + JOB_PART], lambda: job.status != "running")
-                    with self.lock:
-                        job.done, job.added = min(start + JOB_PART, len(documents)), job.added + added
-                        self.records.put(job)
+                self._run(job)
                 outcome, error = "done", None
             except Exception as err:  # the job fails, the server goes on
                 if job.status == "running":
                     log.error("ingest job %s failed", job.id, exc_info=err)
                 outcome, error = "failed", f"{type(err).__name__}: {err}"
             with self.lock:
-                if job.status == "running":
+                if job.status == "running" and self._owns(job):
                     job.status, job.error, job.finished = outcome, error, time.time()
                     self._finish(job)
 
+    def _run(self, job: IngestJob) -> None:
+        """Ingest the job's parts, from the first it had not done (a resumed job's are done up to `job.done`)."""
+        seen = 0
+        for part in range(job.parts or 0):
+            if job.status != "running":  # cancelled, the server stops, or another server resumed it
+                return
+            documents = self.records.documents(job.id, part)
+            if documents is None:
+                raise JobNotResumable(f"part {part} of the documents of ingest job {job.id!r} is no longer in the "
+                                      f"store; {seen} of {job.documents} documents were read: send the rest again")
+            if seen + len(documents) <= job.done:  # done before the job resumed
+                seen += len(documents)
+                continue
+            added = self.ingest(documents, lambda: job.status != "running")
+            seen += len(documents)
+            with self.lock:
+                job.done, job.added = seen, job.added + added
+                if self._owns(job):
+                    self.records.put(job)
+
     def _beat(self) -> None:
-        """Refresh the records of this server's jobs under way, so that other servers see it is alive."""
+        """Refresh the records of this server's jobs under way, so that other servers see it is alive; a job another
+        server has claimed meanwhile (this one was silent too long) is left to it: it stops at its next step."""
         while not self.closed.wait(HEARTBEAT_S):
             with self.lock:
-                for job in self.running.values():
-                    job.heartbeat = time.time()
+                for job in list(self.running.values()):
                     try:
+                        claim = self.records.claimed(job.id, job.attempt + 1)
+                        if claim is not None:
+                            log.warning("ingest job %s was resumed by the server %s; this one stops it", job.id,
+                                        claim.by.partition("/")[0])
+                            job.status = "interrupted"
+                            del self.running[job.id]
+                            continue
+                        job.heartbeat = time.time()
                         self.records.put(job)
                     except Exception as err:  # the store is down: the job's own writes will fail it
                         log.warning("could not refresh the record of ingest job %s: %s", job.id, err)
-

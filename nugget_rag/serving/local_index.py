@@ -19,7 +19,7 @@ class MemoryIndex:
     The states are compressed first, outside the turn and stoppable: a stopped ingest leaves the index as it was."""
 
     def __init__(self, index: NuggetIndex):
-        self.index, self.compressor = index, index.compressor
+        self.index, self.compressor, self.location = index, index.compressor, None
         self._turn = threading.Lock()  # held to add to `index` and publish it
         self._current = index.copy()
 
@@ -46,6 +46,7 @@ class DirectoryIndex:
 
     def __init__(self, index: NuggetIndex, directory: str | Path):
         self.directory, self.compressor, self.embeddings = Path(directory), index.compressor, index.embeddings
+        self.location = str(self.directory.resolve())
         self.settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
                          "batch_size": index.batch_size, "vectorstore": index.user_vectorstore}
         self._current = index

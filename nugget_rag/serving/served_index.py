@@ -20,6 +20,7 @@ class ServedIndex(Protocol):
     """An index served to questions while documents are added to it."""
 
     compressor: NuggetCompressor  # its model and nugget store
+    location: str | None  # where it lives, recorded with its ingest jobs for a server over it to resume (None: memory)
 
     def current(self) -> NuggetIndex:
         """The whole index version a question reads now; no ingest changes it afterwards."""

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..batching import BatchedGenerator
 from ..compressor import NuggetCompressor
 from .admission import Slots
-from .ingest_jobs import IngestJobs, JobRecords
+from .ingest_jobs import IngestJobs
+from .job_records import JobRecords
 from .middleware import Metrics
 from .served_index import ServedIndex
 
@@ -31,6 +32,8 @@ class ServerSettings(BaseModel):
     api_key: str | None = Field(None, description="the key every path but /health needs (None: none)")
     max_ingest_documents: int = Field(100, ge=1, description="the most documents one /ingest or /compress request "
                                       "takes (more: 413; POST /ingest/jobs takes more, in the background)")
+    resume_jobs: bool = Field(False, description="as it starts, the server resumes the ingest jobs into its index "
+                              "whose server stopped (IngestJobs.resume_stale)")
 
 
 @dataclass
@@ -50,7 +53,7 @@ class AppState:
     @classmethod
     def build(cls, served: ServedIndex, settings: ServerSettings) -> AppState:
         """The state of a new server over `served`; its jobs ingest through `served.ingest`."""
-        jobs = IngestJobs(served.ingest, JobRecords(served.compressor.store))
+        jobs = IngestJobs(served.ingest, JobRecords(served.compressor.store), index=served.location)
         metrics = Metrics(pending=lambda: slots.count, jobs=lambda: jobs.active)
         slots = Slots(settings.max_pending, settings.request_timeout_s, metrics)
         batcher = BatchedGenerator(served.compressor.model, max_batch=settings.max_batch)
