@@ -33,6 +33,7 @@ from .index import NuggetIndex
 from .index_segments import (
     PREFIX,
     Pointer,
+    SegmentCache,
     SegmentRef,
     VersionRecord,
     VersionRemovedError,
@@ -165,10 +166,10 @@ def publish_lock(store: NuggetStore, name: str) -> Iterator[_RedisLock | _FileLo
 # ---------------------------------------------------------------------------------------------- publishing
 def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Pointer, VersionRecord] | None,
                     index: NuggetIndex, appended_from: int, lock: _RedisLock | _FileLock,
-                    compact: bool = False) -> tuple[bytes, Pointer, VersionRecord]:
+                    compact: bool = False, cache: SegmentCache | None = None) -> tuple[bytes, Pointer, VersionRecord]:
     """Publish `index` (its own FAISS) as the version after `base` (the current one, None: the first), under `lock`.
-    Its first `appended_from` chunks are `base`'s, whose segments it keeps (0: every segment is written anew).
-    Returns the new pointer (bytes and value) and record."""
+    Its first `appended_from` chunks are `base`'s, whose segments it keeps (0: every segment is written anew); the
+    segments written go into `cache` too. Returns the new pointer (bytes and value) and record."""
     name = options.name
     if base is not None and appended_from == base[1].count:
         refs, start = list(base[1].segments), base[1].count
@@ -215,6 +216,10 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
     retry = [] if base is None else base[0].retired  # should the publish before have stopped while removing them
     remove_versions(store, name, [*pointer.retired, *retry], listed | _listed(store, name, kept))
     delete(store, [pending_key(name)])
+    if cache is not None:
+        for sha in writes:
+            cache.put(sha, new[sha])
+        cache.keep(listed)
     log.info("published version %d of the index %r in %s: %d chunks in %d segments (%d written)", version, name,
              describe(store), record.count, len(merged), len(writes))
     return pointer_bytes, pointer, record

@@ -125,6 +125,12 @@ class PublishedIndex:
     def __len__(self) -> int:
         return len(self.current())
 
+    @property
+    def record(self) -> VersionRecord | None:
+        """The record of the version held (read last), None when none is published: its number, manifest and
+        segments."""
+        return None if self._held is None else self._held.record
+
     def as_retriever(self, k: int = 4, **kwargs: Any) -> NuggetRetriever:
         """The current version's retriever (NuggetIndex.as_retriever)."""
         return self.current().as_retriever(k=k, **kwargs)
@@ -150,7 +156,8 @@ class PublishedIndex:
                     held = newest
                 if added:
                     base = None if held.pointer is None else (held.pointer, held.record)
-                    published = publish_version(store, self.options, base, working, len(held.index), lock)
+                    published = publish_version(store, self.options, base, working, len(held.index), lock,
+                                                cache=self.cache)
                     held = _Held(*published, working)
             self._swap(held)
         return added
@@ -168,7 +175,7 @@ class PublishedIndex:
                 self._swap(held)
                 return False
             published = publish_version(store, self.options, (held.pointer, held.record), held.index,
-                                        held.record.count, lock, compact=True)
+                                        held.record.count, lock, compact=True, cache=self.cache)
         self._swap(_Held(*published, held.index))
         return True
 
