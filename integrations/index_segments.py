@@ -278,6 +278,6 @@ def read_version(store: NuggetStore, name: str, version: int, sha256: str | None
 
 __all__: list[str] = [
     "PREFIX", "Pointer", "SegmentCache", "SegmentRef", "VersionRecord", "VersionRemovedError", "check_name",
-    "decode_segment", "delete", "describe", "encode_segment", "get", "pending_key", "pointer_key", "published_location", "put",
-    "read_pointer", "read_record", "read_version", "segment_key", "version_key",
+    "decode_segment", "delete", "describe", "encode_segment", "get", "pending_key", "pointer_key",
+    "published_location", "put", "read_pointer", "read_record", "read_version", "segment_key", "version_key",
 ]

@@ -11,7 +11,9 @@ itself. The local `cache_dir`, when given, keeps the segments read last, so that
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -25,6 +27,7 @@ from langchain_core.embeddings import Embeddings
 
 from nugget_rag.cancellation import Stop, cancellable
 from nugget_rag.compressor import NuggetCompressor
+from nugget_rag.store import NuggetStore, StoreLocation
 
 from .faiss_store import faiss_of, faiss_vectors
 from .index import NuggetIndex
@@ -35,8 +38,10 @@ from .index_segments import (
     SegmentCache,
     VersionRecord,
     VersionRemovedError,
+    check_name,
     describe,
     read_pointer,
+    read_record,
     read_version,
 )
 from .index_settings import built_settings
@@ -46,6 +51,21 @@ from .vectorstores import DEFAULT_VECTORSTORE
 log = logging.getLogger(__name__)
 
 Pipeline = Callable[[NuggetIndex, list[Document]], int]
+
+
+def published_manifest(store: NuggetStore, name: str = "default") -> dict[str, Any] | None:
+    """The manifest of the current version of the index `name` published in `store` (its nugget model, ratio,
+    embeddings, chunking, count), read without its segments; None when none is published."""
+    found = read_pointer(store, check_name(name))
+    return None if found is None else read_record(store, name, found[1].version, found[1].sha256).manifest
+
+
+def cache_directory(location: StoreLocation, name: str = "default") -> Path:
+    """Where this machine caches the segments of the index `name` published at `location`: a folder of its own
+    under $XDG_CACHE_HOME (default ~/.cache)/nugget-rag/published/."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(f"{location.redis_url}\0{location.directory}\0{location.namespace}".encode()).hexdigest()
+    return base / "nugget-rag" / "published" / f"{check_name(name)}-{digest[:16]}"
 
 
 def ingest_chunks(index: NuggetIndex, documents: list[Document]) -> int:
@@ -254,4 +274,4 @@ class PublishedIndex:
                            else vectors), len(ours)
 
 
-__all__: list[str] = ["PublishedIndex", "ingest_chunks"]
+__all__: list[str] = ["PublishedIndex", "cache_directory", "ingest_chunks", "published_manifest"]

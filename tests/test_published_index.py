@@ -320,3 +320,32 @@ def test_a_directory_store_publishes_too(model, tmp_path):
     first = opened(tmp_path / "a")
     first.ingest(DOCS[:2])
     assert [d.metadata["source"] for d in opened(None).current().documents] == ["note0", "note1"]
+
+
+def test_ask_and_serve_read_the_index_published_in_the_store(model, redis_url, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from nugget_rag import cli
+
+    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: NuggetCompressor(
+        model=model, store=args.store.open(), ratio=args.ratio))
+    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert cli.main(["ask", "anything?"]) == 2 and "--store REDIS_URL (the index published" in capsys.readouterr().err
+    assert cli.main(["ask", "anything?", "--store", redis_url]) == 2
+    assert "is empty; ingest documents into it first" in capsys.readouterr().err
+    handle(model, redis_url, tmp_path / "a").ingest(DOCS[:4])
+    question = ["ask", "When does the sourdough bread rise?", "-k", "1", "--max-new-tokens", "3"]
+    assert cli.main([*question, "--store", redis_url]) == 0
+    assert capsys.readouterr().out.split("Sources:\n")[1].strip().startswith("note1")
+    cached = list((tmp_path / "cache" / "nugget-rag" / "published").glob("default-*/*.segment"))
+    assert len(cached) == 1  # this machine's copy of the one segment
+    given = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: given.update(app=app))
+    assert cli.main(["serve", "--store", redis_url]) == 0
+    assert "serving the index published in redis://" in capsys.readouterr().out
+    with TestClient(given["app"]) as client:
+        assert client.post("/ingest", json={"documents": [DOCS[5].page_content]}).json() == {"added": 1, "chunks": 5}
+    assert len(handle(model, redis_url, tmp_path / "b")) == 5
