@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +35,7 @@ from .index_files import IndexFileError
 PREFIX = "published-index"
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 VERSION_FORMAT = "nugget-rag/published-index-v1"
+Segment = tuple[list[Document], np.ndarray]  # a segment's chunks and their vectors (count x dimension)
 SEGMENT_MAGIC = b"nugget-rag/index-segment-v1\n"
 HEADER_BYTES = 8  # the length of a segment's JSON part, big-endian
 
@@ -196,8 +197,7 @@ def encode_segment(chunks: Sequence[Document], vectors: np.ndarray) -> bytes:
     return SEGMENT_MAGIC + len(header).to_bytes(HEADER_BYTES, "big") + header + vectors.astype("<f4").tobytes()
 
 
-def decode_segment(data: bytes, ref: SegmentRef, dimension: int | None, where: str) -> tuple[list[Document],
-                                                                                             np.ndarray]:
+def decode_segment(data: bytes, ref: SegmentRef, dimension: int | None, where: str) -> Segment:
     """The chunks and vectors of a segment, checked against its `ref` (sha256, count) and the version's
     `dimension`; an IndexFileError naming `where` (its key) otherwise."""
     if hashlib.sha256(data).hexdigest() != ref.sha256:
@@ -247,26 +247,30 @@ class SegmentCache:
                 path.unlink(missing_ok=True)
 
 
-def read_version(store: NuggetStore, name: str, version: int, sha256: str | None,
-                 cache: SegmentCache | None = None) -> tuple[VersionRecord, list[Document], np.ndarray]:
+def read_version(store: NuggetStore, name: str, version: int, sha256: str | None, cache: SegmentCache | None = None,
+                 loaded: Callable[[SegmentRef], Segment | None] | None = None) -> tuple[VersionRecord, list[Document],
+                                                                                      np.ndarray]:
     """`version` whole: its record (checked against the `sha256` its pointer names), its chunks in index order and
-    their vectors, every part checked (sha256, counts, dimension, ids). VersionRemovedError if a part was removed
-    meanwhile."""
+    their vectors, every part checked (sha256, counts, dimension, ids). A segment is taken from `loaded` (the chunks
+    and vectors of a segment of that sha256 held already), else from `cache`, else from the store.
+    VersionRemovedError if a part was removed meanwhile."""
     record = read_record(store, name, version, sha256)
     chunks: list[Document] = []
     vectors: list[np.ndarray] = []
     for ref in record.segments:
-        key = segment_key(name, ref.sha256)
-        data = cache.get(ref.sha256) if cache is not None else None
-        if data is None:
-            data = get(store, key)
+        found = loaded(ref) if loaded is not None else None
+        if found is None:
+            key = segment_key(name, ref.sha256)
+            data = cache.get(ref.sha256) if cache is not None else None
             if data is None:
-                raise VersionRemovedError(f"{key} is no longer in the nugget store {describe(store)}")
-            if cache is not None and hashlib.sha256(data).hexdigest() == ref.sha256:
-                cache.put(ref.sha256, data)
-        found, found_vectors = decode_segment(data, ref, record.dimension, f"{key} in {describe(store)}")
-        chunks += found
-        vectors.append(found_vectors)
+                data = get(store, key)
+                if data is None:
+                    raise VersionRemovedError(f"{key} is no longer in the nugget store {describe(store)}")
+                if cache is not None and hashlib.sha256(data).hexdigest() == ref.sha256:
+                    cache.put(ref.sha256, data)
+            found = decode_segment(data, ref, record.dimension, f"{key} in {describe(store)}")
+        chunks += found[0]
+        vectors.append(found[1])
     if len({d.id for d in chunks}) != len(chunks):
         raise IndexFileError(f"version {record.version} of the index {name!r} in {describe(store)} holds a chunk id "
                              "twice; publish the index again")
@@ -277,7 +281,7 @@ def read_version(store: NuggetStore, name: str, version: int, sha256: str | None
 
 
 __all__: list[str] = [
-    "PREFIX", "Pointer", "SegmentCache", "SegmentRef", "VersionRecord", "VersionRemovedError", "check_name",
+    "PREFIX", "Pointer", "Segment", "SegmentCache", "SegmentRef", "VersionRecord", "VersionRemovedError", "check_name",
     "decode_segment", "delete", "describe", "encode_segment", "get", "pending_key", "pointer_key",
     "published_location", "put", "read_pointer", "read_record", "read_version", "segment_key", "version_key",
 ]

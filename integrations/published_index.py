@@ -35,7 +35,9 @@ from .index_files import IndexFileError
 from .index_publishing import PublishOptions, merge_groups, publish_lock, publish_version
 from .index_segments import (
     Pointer,
+    Segment,
     SegmentCache,
+    SegmentRef,
     VersionRecord,
     VersionRemovedError,
     check_name,
@@ -208,7 +210,8 @@ class PublishedIndex:
             if found is None:
                 return _Held(None, None, None, NuggetIndex(self.compressor, self.embeddings, **self.settings))
             try:
-                record, chunks, vectors = read_version(store, name, found[1].version, found[1].sha256, self.cache)
+                record, chunks, vectors = read_version(store, name, found[1].version, found[1].sha256, self.cache,
+                                                       self._held_segments())
                 break
             except VersionRemovedError as err:
                 if attempt == self.options.load_attempts - 1:
@@ -218,6 +221,26 @@ class PublishedIndex:
         index = self._index_of(record, chunks, vectors)
         log.info("loaded version %d of %s: %d chunks", record.version, self.where, len(index))
         return _Held(found[0], found[1], record, index)
+
+    def _held_segments(self) -> Callable[[SegmentRef], Segment | None] | None:
+        """The segments of the version held, by sha256 (its chunks, and its vectors read back from its FAISS): a
+        newer version that lists them too reads only its new ones."""
+        held = self._held
+        if held is None or held.record is None:
+            return None
+        spans, start = {}, 0
+        for ref in held.record.segments:
+            spans[ref.sha256] = (start, start + ref.count)
+            start += ref.count
+        chunks = held.index.documents
+
+        def loaded(ref: SegmentRef) -> Segment | None:
+            if ref.sha256 not in spans:
+                return None
+            a, b = spans[ref.sha256]
+            return chunks[a:b], faiss_vectors(held.index.vectorstore, a, b)
+
+        return loaded
 
     def _index_of(self, record: VersionRecord, chunks: list[Document], vectors: np.ndarray) -> NuggetIndex:
         """The NuggetIndex of a version read whole, its manifest checked against the model and settings given."""

@@ -14,7 +14,7 @@ from tiny import perturb_adapters, tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, StoreUnavailableError
 from nugget_rag.cancellation import RequestCancelled
-from nugget_rag.integrations import index_publishing, prune
+from nugget_rag.integrations import index_publishing, index_segments, prune
 from nugget_rag.integrations.faiss_store import faiss_vectors
 from nugget_rag.integrations.index_files import IndexFileError
 from nugget_rag.integrations.index_publishing import PublishOptions
@@ -92,6 +92,19 @@ def test_two_servers_over_one_redis_store_answer_what_either_ingested(model, red
         assert whole["sources"][0]["source"] == "note1"
         assert second.post("/ingest", json={"documents": [DOCS[5].page_content]}).json()["chunks"] == 5
         assert first.get("/health").json()["chunks"] == 5
+
+
+def test_a_new_version_reads_only_the_segments_it_adds(model, redis_url, tmp_path, monkeypatch):
+    writer = handle(model, redis_url, tmp_path / "w")
+    writer.ingest(DOCS[:2])
+    reader = handle(model, redis_url, None)  # no cache: what it reads comes from the store
+    writer.ingest(DOCS[2:3])
+    real, read = index_segments.get, []
+    monkeypatch.setattr(index_segments, "get", lambda store, key: read.append(key) or real(store, key))
+    assert len(reader) == 3
+    assert [key for key in read if "/segments/" in key] == [segment_key("default", writer.record.segments[-1].sha256)]
+    assert reader.current().ids == writer.current().ids
+    assert np.array_equal(faiss_vectors(reader.current().vectorstore), faiss_vectors(writer.current().vectorstore))
 
 
 def test_a_question_racing_publishes_reads_one_version_whole(model, redis_url, tmp_path):
