@@ -26,7 +26,7 @@ from langchain_core.documents import Document
 from pydantic import BaseModel, Field, field_validator
 
 from nugget_rag.cancellation import check
-from nugget_rag.store import NuggetStore
+from nugget_rag.store import NuggetStore, StoreUnavailableError
 
 from .faiss_store import faiss_vectors
 from .index import NuggetIndex
@@ -91,7 +91,13 @@ class _RedisLock:
         self.where = f"{key} in {describe(store)}"
 
     def acquire(self, timeout: float) -> bool:
-        return bool(self.lock.acquire(blocking=True, blocking_timeout=timeout))
+        from redis.exceptions import RedisError
+
+        try:
+            return bool(self.lock.acquire(blocking=True, blocking_timeout=timeout))
+        except RedisError as err:
+            raise StoreUnavailableError(f"could not take the publish lock {self.where}: {err}; start the server or "
+                                        "fix the store's URL") from err
 
     def confirm(self) -> None:
         from redis.exceptions import LockError
@@ -176,9 +182,10 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
     else:
         refs, start = [], 0
     chunks, dimension = index.documents, index.dimension
-    spans: list[tuple[int, int]] = []  # each segment's chunk positions
+    spans: list[tuple[int, int]] = []  # each segment's chunk positions [a, b)
     for ref in refs:
-        spans.append((spans[-1][1] if spans else 0, (spans[-1][1] if spans else 0) + ref.count))
+        a = spans[-1][1] if spans else 0
+        spans.append((a, a + ref.count))
     new: dict[str, bytes] = {}
 
     def segment(a: int, b: int) -> SegmentRef:

@@ -125,6 +125,7 @@ class PublishedIndex:
 
     @property
     def where(self) -> str:
+        """The index for messages: its name and store."""
         return f"the index {self.options.name!r} published in {describe(self.compressor.store)}"
 
     def current(self) -> NuggetIndex:
@@ -292,9 +293,8 @@ class PublishedIndex:
         if not ours:
             return newest, 0
         vectors = self._vectors(working)[[i for i, _ in ours]]
-        chunks = newest.documents + [d for _, d in ours]
-        return self._built(newest, chunks, np.concatenate([self._vectors(newest), vectors]) if len(newest)
-                           else vectors), len(ours)
+        vectors = np.concatenate([self._vectors(newest), vectors]) if len(newest) else vectors
+        return self._built(newest, newest.documents + [d for _, d in ours], vectors), len(ours)
 
 
 __all__: list[str] = ["PublishedIndex", "cache_directory", "ingest_chunks", "published_manifest"]
