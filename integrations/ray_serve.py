@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,15 @@ class SharedIndex:
         return getattr(self.current(), name)
 
 
+def ingest_on_ray(spec: ReplicaSpec, index: NuggetIndex, documents: list[Document]) -> int:
+    """A replica's ingest: add `documents` to `index` on Ray Data, with the workers that start now."""
+    options = spec.ingest
+    free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
+    workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
+    return ingest_distributed(index, documents, options.model_copy(update={"workers": workers}),
+                              model=spec.load_model)
+
+
 class NuggetReplica:
     """A Serve replica: one model, the shared store and index, and create_app's server over them."""
 
@@ -187,9 +197,9 @@ class NuggetReplica:
                 f"not the driver's (fingerprint {spec.fingerprint}); load the driver's checkpoint, base model and "
                 "dtype on every node (--checkpoint/--base-model)")
         self.spec = spec
-        if spec.index_dir is None:
+        if spec.index_dir is None:  # the index published in the store: each replica reads its newest version
             self.index: SharedIndex | PublishedIndex = PublishedIndex(compressor, spec.embeddings,
-                                                                      pipeline=self._ingest_on_ray)
+                                                                      pipeline=partial(ingest_on_ray, spec))
         else:
             vectorstore = None if spec.vectorstore is None else spec.vectorstore.build(spec.embeddings)
             self.index = SharedIndex(spec.index_dir, compressor, spec.embeddings, vectorstore)
@@ -205,17 +215,9 @@ class NuggetReplica:
                     "vectorstore": self.index.user_vectorstore}
         with NuggetIndex.updating(self.spec.index_dir, self.index.compressor, self.spec.embeddings,
                                   **settings) as updated:
-            added = self._ingest_on_ray(updated, documents)
+            added = ingest_on_ray(self.spec, updated, documents)
         self.index.current()  # this replica's next answer reads it
         return added
-
-    def _ingest_on_ray(self, index: NuggetIndex, documents: list[Document]) -> int:
-        """Add `documents` to `index` on Ray Data, with the workers that start now."""
-        options = self.spec.ingest
-        free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
-        workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))
-        return ingest_distributed(index, documents, options.model_copy(update={"workers": workers}),
-                                  model=self.spec.load_model)
 
     def __serve_build_asgi_app__(self):
         from nugget_rag.server import create_app
@@ -296,4 +298,4 @@ def serve_index(index_dir: str | Path | None, compressor: NuggetCompressor, embe
 
 
 __all__ = ["APP_NAME", "REPLICA_HEADER", "NuggetReplica", "RayServeOptions", "ReplicaSpec", "SharedIndex",
-           "check_index_model", "replica_spec", "serve_index"]
+           "check_index_model", "ingest_on_ray", "replica_spec", "serve_index"]

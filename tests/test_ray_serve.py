@@ -1,5 +1,5 @@
 """`nugget-rag serve --ray`: the server as 2 Ray Serve replicas (a local Ray of 2 CPUs, the tiny model, a Redis
-store and the index published in it, no index directory): the single-process server's answers, an ingest through one replica seen by the other, a killed replica that
+store): the single-process server's answers, an ingest through one replica seen by the other, a killed replica that
 loses no other request, and bad input refused before any replica starts."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def served(redis_url, tmp_path_factory):
     try:
         serve_index(None, tiny_compressor(NuggetStore.from_redis(redis_url)), HashEmbeddings(), options,
                     model=TinyLoader(step_s=0.05), max_batch=4)
-        yield {"port": port}
+        yield {"port": port, "index_dir": None}  # None: the index published in the store, no shared directory
     finally:
         patch.undo()
         serve.shutdown()
