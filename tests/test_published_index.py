@@ -325,14 +325,20 @@ def test_stores_that_cannot_keep_a_published_index_are_refused(model, redis_url)
         PublishOptions(name="My Index")
 
 
-def test_a_directory_store_publishes_too(model, tmp_path):
+@pytest.mark.parametrize("where", ["directory", "byte store"])
+def test_a_directory_or_any_byte_store_publishes_too(model, tmp_path, where):
+    from langchain_core.stores import InMemoryByteStore
+
+    byte_store = InMemoryByteStore()  # one process's: its publishers take turns under a lock of the process
+
     def opened(cache):
-        store = NuggetStore(directory=tmp_path / "store")
+        store = NuggetStore(directory=tmp_path / "store") if where == "directory" else NuggetStore(byte_store)
         return PublishedIndex(NuggetCompressor(model=model, store=store), HashEmbeddings(), cache_dir=cache)
 
-    first = opened(tmp_path / "a")
+    first, second = opened(tmp_path / "a"), opened(None)
     first.ingest(DOCS[:2])
-    assert [d.metadata["source"] for d in opened(None).current().documents] == ["note0", "note1"]
+    assert second.ingest(DOCS[1:3]) == 1
+    assert [d.metadata["source"] for d in first.current().documents] == ["note0", "note1", "note2"]
 
 
 def test_ask_and_serve_read_the_index_published_in_the_store(model, redis_url, tmp_path, monkeypatch, capsys):
