@@ -4,9 +4,11 @@ from .chunking import chunk_id
 from .embeddings import SentenceTransformerEmbeddings, embedding_name, minilm_embeddings
 from .index import NuggetIndex
 from .index_files import IndexFileError, read_manifest
+from .index_publishing import PublishOptions
 from .loaders import DocumentLoadError, LoadReport, load_documents, load_jsonl, read_documents
 from .nugget_model import load_compressor
 from .prune import PruneReport, prune
+from .published_index import PublishedIndex
 from .qa_chain import build_qa_chain, source_label
 from .refloor import RefloorReport, refloor
 from .retriever import NuggetRetriever
@@ -17,6 +19,6 @@ __all__ = [
     "DocumentLoadError", "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings",
     "build_qa_chain", "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
     "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor", "PruneReport", "prune",
-    "VectorStoreSpec",
+    "VectorStoreSpec", "PublishedIndex", "PublishOptions",
     "NuggetView", "nugget_view", "reading_view", "render_html", "render_terminal",
 ]

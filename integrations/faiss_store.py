@@ -4,6 +4,7 @@ ranking), saved as its `faiss.serialize_index` bytes."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,24 @@ def copy_faiss(vectorstore: FAISS, docs: dict[str, Document]) -> FAISS:
                      dict(vectorstore.index_to_docstore_id))
 
 
+def faiss_vectors(vectorstore: FAISS, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """The unit vectors `vectorstore` holds at positions [start, stop) (default: all), as a float32 array of shape
+    (count, dimension); a ValueError for a FAISS index that does not keep its vectors as they are (not a flat one)."""
+    index = vectorstore.index
+    if not isinstance(index, faiss.IndexFlat):
+        raise ValueError(f"the FAISS index is a {type(index).__name__}, not the flat index nugget-rag builds: its "
+                         "vectors cannot be read back; build the index with nugget-rag (NuggetIndex)")
+    stop = index.ntotal if stop is None else stop
+    return index.reconstruct_n(start, stop - start).reshape(stop - start, index.d)
+
+
+def faiss_of(embeddings: Embeddings, vectors: np.ndarray, chunks: Sequence[Document]) -> FAISS:
+    """The index's own FAISS over `chunks` (in index order) and their unit `vectors`, as faiss_vectors reads them."""
+    index = faiss.IndexFlatL2(vectors.shape[1])
+    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return new_faiss(embeddings, index, {d.id: d for d in chunks}, dict(enumerate(d.id for d in chunks)))
+
+
 def faiss_bytes(vectorstore: FAISS) -> bytes:
     """The vectors of `vectorstore` as the index file holds them."""
     return faiss.serialize_index(vectorstore.index).tobytes()
@@ -73,4 +92,4 @@ def load_faiss(directory: Path, manifest: dict[str, Any], embeddings: Embeddings
     return new_faiss(embeddings, index, dict(docs), dict(enumerate(order)))
 
 
-__all__: list[str] = ["copy_faiss", "empty_faiss", "faiss_bytes", "load_faiss", "new_faiss"]
+__all__: list[str] = ["copy_faiss", "empty_faiss", "faiss_bytes", "faiss_of", "faiss_vectors", "load_faiss", "new_faiss"]

@@ -20,7 +20,7 @@ from nugget_rag.store import NuggetStore
 
 from . import ingest_pipeline
 from .chunking import split_documents, token_splitter
-from .embeddings import MINILM_NAME, embedding_name, minilm_embeddings
+from .embeddings import embedding_name, minilm_embeddings
 from .faiss_store import copy_faiss, empty_faiss, faiss_bytes, load_faiss
 from .index_files import (
     INDEX_FORMAT,
@@ -36,6 +36,7 @@ from .index_files import (
     store_name,
     write_index,
 )
+from .index_settings import built_settings
 from .retriever import NuggetRetriever
 from .vectorstores import check_holds, check_vectorstore, store_dimension, store_embeddings, vectorstore_name
 
@@ -258,21 +259,7 @@ class NuggetIndex:
         if manifest.get("format") != INDEX_FORMAT:
             raise IndexFileError(f"{directory / MANIFEST_FILE} has format {manifest.get('format')!r}, "
                                  f"expected {INDEX_FORMAT!r}")
-        vectorstore = kwargs.get("vectorstore")
-        check_vectorstore(directory, manifest, vectorstore)
-        embeddings = store_embeddings(vectorstore, embeddings)
-        built_with = manifest.get("embedding_model")
-        if embeddings is None:
-            if built_with != MINILM_NAME:
-                raise ValueError(f"the index in {directory} was built with embeddings {built_with!r}; "
-                                 "pass the same model as embeddings=...")
-            embeddings = minilm_embeddings()
-        given = kwargs.pop("embedding_model", None) or embedding_name(embeddings)
-        if given != built_with:
-            raise ValueError(
-                f"the index in {directory} was built with embeddings {built_with!r}, but {given!r} were given; "
-                f"load it with {built_with!r}, or ingest into a new index directory to use {given!r}"
-            )
+        check_vectorstore(directory, manifest, kwargs.get("vectorstore"))
         store_dir = directory / NUGGETS_DIR
         saved_store, given_store = manifest.get("nugget_store", "directory"), store_name(compressor.store)
         if saved_store.startswith("redis") and saved_store != given_store:
@@ -285,19 +272,9 @@ class NuggetIndex:
                              f"({given_store}); open it without the Redis store (no --store)")
         if not keeps_store(compressor.store, store_dir):
             compressor = compressor.model_copy(update={"store": NuggetStore(directory=store_dir)})
-        floor = manifest.get("keep_ratio", 1.0)  # an index keeps the floor it was built with
-        if compressor.keep_ratio != floor:
-            if "keep_ratio" in compressor.model_fields_set:
-                raise ValueError(f"the index in {directory} keeps nuggets down to r = {floor:g}, not keep_ratio="
-                                 f"{compressor.keep_ratio:g}; open it with keep_ratio={floor:g}, or ingest into a new "
-                                 "index directory for another floor")
-            compressor = compressor.model_copy(update={"keep_ratio": floor})
-        for name, default in (("chunk_tokens", 384), ("chunk_overlap", 32)):
-            saved = manifest.get(name, default)
-            if kwargs.setdefault(name, saved) != saved:
-                raise ValueError(f"the index in {directory} was chunked with {name}={saved}, not {kwargs[name]}; "
-                                 f"load it with {name}={saved}, or ingest into a new index directory")
-        index = cls(compressor, embeddings, embedding_model=given, **kwargs)
+        compressor, embeddings = built_settings(manifest, f"the index in {directory}", "a new index directory",
+                                                compressor, embeddings, kwargs)
+        index = cls(compressor, embeddings, **kwargs)
         fingerprint = compressor.fingerprint
         if manifest.get("nugget_fingerprint") != fingerprint:
             log.warning("the nuggets in %s were made by another nugget model or ratio (%s, r=%s); they will be "
@@ -305,14 +282,23 @@ class NuggetIndex:
         if not manifest.get("count"):
             return index
         docs, order = read_records(directory, manifest)
-        index.dimension = manifest.get("dimension")
         if index.user_vectorstore is None:
-            index.vectorstore = load_faiss(directory, manifest, index.embeddings, docs, order)
-            index.dimension = index.vectorstore.index.d
+            index.adopt([docs[i] for i in order], load_faiss(directory, manifest, index.embeddings, docs, order))
         else:
             check_holds(index.user_vectorstore, directory, order)
-        index._records = {i: docs[i] for i in order}
+            index.adopt([docs[i] for i in order], None, manifest.get("dimension"))
         return index
+
+    def adopt(self, chunks: Sequence[Document], faiss: VectorStore | None, dimension: int | None = None) -> None:
+        """Hold `chunks` (in index order) as the records of a new, empty index, and `faiss`, the index's own FAISS
+        over them as a loaded or published index keeps it (None: the user's vector store holds them, its vectors of
+        `dimension`)."""
+        if self._records:
+            raise ValueError(f"the index holds {len(self)} chunks already: only a new, empty index adopts chunks")
+        if faiss is not None:
+            self.vectorstore, dimension = faiss, faiss.index.d
+        self.dimension = dimension
+        self._records = {d.id: d for d in chunks}
 
     @classmethod
     def open(cls, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings | None = None,

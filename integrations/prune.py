@@ -2,8 +2,9 @@
 
 Nuggets are a content-addressed cache that chunks (and indexes) share, so `NuggetIndex.delete` leaves them. An
 index's own store (`DIR/nuggets`) is its alone; every index saved over a shared store (Redis) is registered in it
-(`NuggetStore.register_index`, "HOST:PATH"). A prune keeps every state of a chunk of the indexes given or
-registered, whatever model or floor made it, and removes the rest.
+(`NuggetStore.register_index`, "HOST:PATH"), as is every index published in the store itself
+("published-index/NAME", published_index.py: the chunks of each version it keeps). A prune keeps every state
+of a chunk of the indexes given or registered, whatever model or floor made it, and removes the rest.
 
 It reads each index's saved chunks (its docstore, never its vectors), holding the lock of every index directory,
 so that no `ingest` into them runs meanwhile. It refuses, removing nothing, when a registered index is another
@@ -25,6 +26,8 @@ from pydantic import BaseModel
 from nugget_rag.store import NuggetStore
 
 from .index_files import LOCK_FILE, MANIFEST_FILE, index_location, read_manifest, read_records
+from .index_publishing import publish_lock, published_texts
+from .index_segments import PREFIX, read_pointer
 
 
 class PruneReport(BaseModel):
@@ -46,6 +49,15 @@ def prune(directories: list[str | Path], store: NuggetStore) -> PruneReport:
         locations, forgotten, texts, fingerprints = sorted(set(store.indexes()) | set(given)), [], set(), set()
         paths: dict[str, Path] = {}
         for location in locations:
+            if location.startswith(f"{PREFIX}/"):  # an index published in the store itself
+                name = location.removeprefix(f"{PREFIX}/")
+                locks.enter_context(publish_lock(store, name))  # no publish meanwhile
+                published, published_fingerprints = published_texts(store, name)
+                texts.update(published)
+                fingerprints.update(published_fingerprints)
+                if not published and read_pointer(store, name) is None:
+                    forgotten.append(location)
+                continue
             where, _, path = location.partition(":")
             if where != host:
                 raise ValueError(f"the nugget store is also used by the index at {location}, which cannot be read on "

@@ -5,11 +5,12 @@
 
 Every replica loads one model (`ModelLoader`, as an ingest worker does) and refuses to start when its fingerprint is
 not the driver's; the driver itself refuses an index whose nuggets another model made, before any replica starts.
-The replicas read one shared nugget store (Redis, or a directory every node sees) and one index directory (a
-filesystem every node mounts at the same path). Before each use a replica checks the index's manifest (one stat);
-when another replica's ingest replaced it, it loads the new one, so an ingest through any replica is seen by all.
-POST /ingest (and its background jobs) runs ingest_pipeline's ingest, compressing on Ray Data (RayCompression), under
-the directory's lock.
+The replicas read one shared nugget store (Redis, or a directory every node sees) and the index either published
+in that store (`index_dir=None`: published_index.py; each replica needs only the store's URL) or in one index
+directory (a filesystem every node mounts at the same path). Before each use a replica checks the published pointer
+(one small read) or the directory's manifest (one stat); when another replica's ingest replaced it, it loads the new
+version, so an ingest through any replica is seen by all. POST /ingest (and its background jobs) runs ingest_pipeline's
+ingest, compressing on Ray Data (RayCompression), then publishes (or saves, under the directory's lock).
 
 Routes, API key, streaming and OpenAI compatibility are the single-process server's; /health and /metrics describe
 the replica that answered, named by every response's `x-nugget-replica` header. With `max_replicas`, Serve scales
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ from nugget_rag.store import StoreLocation
 from .index import NuggetIndex
 from .index_files import MANIFEST_FILE, IndexFileError, read_manifest
 from .ingest_pipeline import ingest
+from .published_index import PublishedIndex, published_manifest
 from .ray_ingest import (
     COMPRESSOR_SETTINGS,
     ModelLoader,
@@ -105,8 +108,8 @@ class RayServeOptions(BaseModel):
 
 class ReplicaSpec(BaseModel):
     """What each replica loads: the model, the driver compressor's settings and fingerprint, the store, the index
-    directory, embeddings and vector store (None: the index's own FAISS), create_app's arguments, and how its
-    ingests run."""
+    directory (None: the index published in the store), embeddings and vector store (None: the index's own FAISS),
+    create_app's arguments, and how its ingests run."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -115,7 +118,7 @@ class ReplicaSpec(BaseModel):
     weights: MergedFormat
     fingerprint: str
     store: StoreLocation
-    index_dir: str
+    index_dir: str | None
     embeddings: Embeddings
     vectorstore: VectorStoreSpec | None = None
     app: dict[str, Any]
@@ -174,9 +177,19 @@ class SharedIndex:
         return getattr(self.current(), name)
 
 
+def ingest_on_ray(spec: ReplicaSpec, index: NuggetIndex, documents: list[Document], stop: Stop | None = None) -> int:
+    """A replica's ingest: ingest_pipeline's, into `index`, compressing on Ray Data with the workers that start now."""
+    options = spec.ingest
+    free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
+    workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
+    stage = RayCompression(options.model_copy(update={"workers": workers}), spec.load_model)
+    return ingest(index, documents, stop, stage=stage)
+
+
 class ReplicaIndex:
-    """A replica's served index (nugget_rag.serving's ServedIndex): questions read the index saved last (SharedIndex);
-    an ingest runs on Ray Data under the index directory's lock, and every replica reads its result once saved."""
+    """A replica's served index over an index directory (nugget_rag.serving's ServedIndex): questions read the index
+    saved last (SharedIndex); an ingest runs on Ray Data under the directory's lock, and every replica reads its
+    result once saved."""
 
     def __init__(self, shared: SharedIndex, spec: ReplicaSpec):
         self.shared, self.spec, self.compressor = shared, spec, shared.compressor
@@ -186,15 +199,12 @@ class ReplicaIndex:
         return self.shared.current()
 
     def ingest(self, documents: list[Document], stop: Stop) -> int:
-        index, options = self.shared.current(), self.spec.ingest
-        free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
-        workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
+        index = self.shared.current()
         settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
                     "vectorstore": self.shared.user_vectorstore}
         with NuggetIndex.updating(self.spec.index_dir, self.compressor, self.spec.embeddings,
                                   **settings) as updated:  # stopped, the copy is not saved
-            stage = RayCompression(options.model_copy(update={"workers": workers}), self.spec.load_model)
-            added = ingest(updated, documents, stop, stage=stage)
+            added = ingest_on_ray(self.spec, updated, documents, stop)
         self.shared.current()  # this replica's next answer reads it
         return added
 
@@ -215,8 +225,12 @@ class NuggetReplica:
                 f"not the driver's (fingerprint {spec.fingerprint}); load the driver's checkpoint, base model and "
                 "dtype on every node (--checkpoint/--base-model)")
         self.spec = spec
-        vectorstore = None if spec.vectorstore is None else spec.vectorstore.build(spec.embeddings)
-        self.index = ReplicaIndex(SharedIndex(spec.index_dir, compressor, spec.embeddings, vectorstore), spec)
+        if spec.index_dir is None:  # the index published in the store: each replica reads its newest version
+            self.index: ReplicaIndex | PublishedIndex = PublishedIndex(compressor, spec.embeddings,
+                                                                       pipeline=partial(ingest_on_ray, spec))
+        else:
+            vectorstore = None if spec.vectorstore is None else spec.vectorstore.build(spec.embeddings)
+            self.index = ReplicaIndex(SharedIndex(spec.index_dir, compressor, spec.embeddings, vectorstore), spec)
         self.name = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):
@@ -241,20 +255,24 @@ def _named(app, replica: str):
 
 
 # ---------------------------------------------------------------------------------------------- the driver
-def check_index_model(index_dir: str | Path, compressor: NuggetCompressor) -> None:
-    """Refuse to serve an index whose nuggets another model (or ratio, or floor) made: a ModelMismatchError naming
-    both. An index with no chunks yet takes any model."""
-    manifest = read_manifest(index_dir) or {}
+def check_index_model(index_dir: str | Path | None, compressor: NuggetCompressor) -> None:
+    """Refuse to serve an index (None: the one published in the compressor's store) whose nuggets another model (or
+    ratio, or floor) made: a ModelMismatchError naming both. An index with no chunks yet takes any model."""
+    if index_dir is None:
+        manifest = published_manifest(compressor.store) or {}
+        where = f"the index published in {compressor.store.location}"
+    else:
+        manifest, where = read_manifest(index_dir) or {}, f"the index in {index_dir}"
     saved = manifest.get("nugget_fingerprint")
     if manifest.get("count") and saved != compressor.fingerprint:
         raise ModelMismatchError(
-            f"the index in {index_dir} holds nuggets of {manifest.get('nugget_model')} at r = {manifest.get('ratio')} "
+            f"{where} holds nuggets of {manifest.get('nugget_model')} at r = {manifest.get('ratio')} "
             f"(fingerprint {saved}), not of the model given ({compressor.model.base_name}, fingerprint "
             f"{compressor.fingerprint}); serve it with the checkpoint and base model it was ingested with, or "
             "ingest into a new index directory")
 
 
-def replica_spec(index_dir: str | Path, compressor: NuggetCompressor, embeddings: Embeddings,
+def replica_spec(index_dir: str | Path | None, compressor: NuggetCompressor, embeddings: Embeddings,
                  options: RayServeOptions, model: ModelLoader | Callable[[], NuggetModel],
                  app: dict[str, Any], vectorstore: VectorStoreSpec | None = None) -> ReplicaSpec:
     """What each replica loads, for the driver's compressor (its store must be one the replicas reach)."""
@@ -264,18 +282,20 @@ def replica_spec(index_dir: str | Path, compressor: NuggetCompressor, embeddings
     return ReplicaSpec(
         load_model=model, settings={name: getattr(compressor, name) for name in COMPRESSOR_SETTINGS},
         weights=compressor.model.merged_format, fingerprint=compressor.fingerprint,
-        store=shared_location(compressor.store), index_dir=str(Path(index_dir).resolve()), embeddings=embeddings,
+        store=shared_location(compressor.store), embeddings=embeddings,
+        index_dir=None if index_dir is None else str(Path(index_dir).resolve()),
         vectorstore=vectorstore, app=app, threads=threads,
         ingest=RayIngestOptions(cpus_per_worker=options.cpus_per_replica,
                                 gpus_per_worker=options.gpus_per_replica, threads_per_worker=threads))
 
 
-def serve_index(index_dir: str | Path, compressor: NuggetCompressor, embeddings: Embeddings,
+def serve_index(index_dir: str | Path | None, compressor: NuggetCompressor, embeddings: Embeddings,
                 options: RayServeOptions, model: ModelLoader | Callable[[], NuggetModel] | None = None,
                 vectorstore: VectorStoreSpec | None = None, **app: Any) -> str:
-    """Serve the index in `index_dir` from replicas on the Ray cluster (create_app's keyword arguments in `app`,
-    but its index and index_dir); `vectorstore`: the user's vector store each replica builds and reads (one they
-    all reach: a server, not memory), None for the index's own FAISS; returns the URL. Refused before any replica
+    """Serve the index in `index_dir` (None: the one published in the compressor's store) from replicas on the Ray
+    cluster (create_app's keyword arguments in `app`, but its index and index_dir); `vectorstore`: the user's vector
+    store each replica builds and reads (one they all reach: a server, not memory), None for the index's own FAISS;
+    returns the URL. Refused before any replica
     starts: an index of another model, a store the replicas cannot reach, an unreachable cluster. Returns once the
     replicas answer; `serve.delete(APP_NAME)` stops them."""
     check_index_model(index_dir, compressor)
@@ -292,4 +312,4 @@ def serve_index(index_dir: str | Path, compressor: NuggetCompressor, embeddings:
 
 
 __all__ = ["APP_NAME", "REPLICA_HEADER", "NuggetReplica", "RayServeOptions", "ReplicaIndex", "ReplicaSpec",
-           "SharedIndex", "check_index_model", "replica_spec", "serve_index"]
+           "SharedIndex", "check_index_model", "ingest_on_ray", "replica_spec", "serve_index"]

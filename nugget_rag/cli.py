@@ -47,6 +47,7 @@ from .llm import NuggetLLM
 from .resolution import RESOLUTIONS
 
 if TYPE_CHECKING:
+    from .integrations.published_index import PublishedIndex
     from .integrations.ray_ingest import RayIngestOptions
     from .integrations.vectorstores import VectorStoreSpec
     from .model import NuggetModel
@@ -182,17 +183,21 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     if args.url:
         return _ask_server(args)
+    if args.index is None and args.store is None:
+        raise UserError("ask needs --index DIR (a local index), --store REDIS_URL (the index published there) or "
+                        "--url URL (a running `nugget-rag serve`)")
     if args.index is None:
-        raise UserError("ask needs --index DIR (a local index) or --url URL (a running `nugget-rag serve`)")
-    from .integrations.index_files import NUGGETS_DIR
+        index = published_index(args).current()
+    else:
+        from .integrations.index_files import NUGGETS_DIR
 
-    args.ratio = _manifest(args.index).get("ratio")  # read the nuggets the index was built with
-    compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
-    set_decoder_weights(compressor, args)
-    embeddings = load_embeddings(args)
-    index = NuggetIndex.load(args.index, compressor, embeddings, vectorstore=load_vectorstore(args, embeddings))
+        args.ratio = _manifest(args.index).get("ratio")  # read the nuggets the index was built with
+        compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+        set_decoder_weights(compressor, args)
+        embeddings = load_embeddings(args)
+        index = NuggetIndex.load(args.index, compressor, embeddings, vectorstore=load_vectorstore(args, embeddings))
     if not len(index):
-        raise UserError(f"the index in {args.index} is empty; ingest documents into it first")
+        raise UserError(f"the index in {args.index or args.store} is empty; ingest documents into it first")
     llm = NuggetLLM(compressor=index.compressor, max_new_tokens=args.max_new_tokens,
                     no_repeat_ngram_size=args.no_repeat_ngram, repetition_penalty=args.repetition_penalty)
     answer = None
@@ -211,6 +216,21 @@ def cmd_ask(args: argparse.Namespace) -> int:
     for index, reading in readings.items():  # the chunks a resolution policy dropped
         print(f"  chunk {index + 1}: {reading['reason']}")
     return 0
+
+
+def published_index(args: argparse.Namespace) -> PublishedIndex:
+    """The index published in the Redis of --store (integrations/published_index.py), its segments cached on this
+    machine, read with the model and settings it was published with."""
+    from .integrations.published_index import PublishedIndex, cache_directory, published_manifest
+
+    if args.vectorstore is not None:
+        raise UserError("--vectorstore: an index published in --store keeps its vectors in the store; a vector store "
+                        "of your own is read with --index DIR, the directory it was ingested into")
+    args.ratio = (published_manifest(args.store.open()) or {}).get("ratio")  # the nuggets it was built with
+    compressor = load_compressor(args)
+    compressor.text_states = getattr(args, "text_states", False)
+    set_decoder_weights(compressor, args)
+    return PublishedIndex(compressor, load_embeddings(args), cache_dir=cache_directory(args.store))
 
 
 def _ask_server(args: argparse.Namespace) -> int:
@@ -262,13 +282,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif args.replicas or args.cpus_per_replica or args.gpus_per_replica or args.target_ongoing:
         raise UserError("--replicas, --target-ongoing, --cpus-per-replica and --gpus-per-replica are for serving on "
                         "Ray: add --ray [ADDRESS]")
-    args.ratio = (read_manifest(args.index) or {}).get("ratio")
-    compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
-    compressor.text_states = args.text_states
-    set_decoder_weights(compressor, args)
-    embeddings, spec = load_embeddings(args), vectorstore_spec(args)
-    index = NuggetIndex.open(args.index, compressor, embeddings,
-                             vectorstore=None if spec is None else spec.build(embeddings))
+    if args.index is None and args.store is None:
+        raise UserError("serve needs --index DIR (created if new), or --store REDIS_URL to serve the index published "
+                        "there")
+    if args.index is None:
+        index, spec = published_index(args), None
+    else:
+        args.ratio = (read_manifest(args.index) or {}).get("ratio")
+        compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+        compressor.text_states = args.text_states
+        set_decoder_weights(compressor, args)
+        embeddings, spec = load_embeddings(args), vectorstore_spec(args)
+        index = NuggetIndex.open(args.index, compressor, embeddings,
+                                 vectorstore=None if spec is None else spec.build(embeddings))
+    where = args.index or f"the index published in {args.store}"
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     settings = {"max_pending": args.max_pending, "max_body_bytes": args.max_body_bytes, "max_batch": args.max_batch,
                 "request_timeout_s": args.request_timeout, "api_key": key,
@@ -287,12 +314,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         url = serve_index(args.index, index.compressor, index.embeddings, options, model=ray_model_loader(args),
                           vectorstore=spec, **settings)
         scale = f"{replicas[0]} to {replicas[1]} replicas" if replicas[1] else f"{replicas[0]} replicas"
-        print(f"serving {args.index} ({len(index)} chunks) on {url} from {scale} on Ray"
+        print(f"serving {where} ({len(index)} chunks) on {url} from {scale} on Ray"
               f"{' (API key required)' if key else ''}", flush=True)
         wait_for_interrupt()
         return 0
     app = create_app(index, args.index, resume_jobs=True, **settings)
-    print(f"serving {args.index} ({len(index)} chunks) on http://{args.host}:{args.port}"
+    print(f"serving {where} ({len(index)} chunks) on http://{args.host}:{args.port}"
           f"{' (API key required)' if key else ''}", flush=True)
     import uvicorn
 
@@ -516,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask = commands.add_parser("ask", parents=[common], help="answer a question from an index",
                               description="Retrieve the closest chunks, read their nuggets and stream the answer.")
     ask.add_argument("question")
-    ask.add_argument("--index", type=Path, metavar="DIR", help="index directory")
+    ask.add_argument("--index", type=Path, metavar="DIR", help="index directory (default: the index published in "
+                     "the Redis of --store)")
     ask.add_argument("--url", help="ask a running `nugget-rag serve` instead, e.g. http://127.0.0.1:8000")
     ask.add_argument("-k", type=positive_int, default=4,
                      help="chunks to retrieve (default 4); --resolution reads, skims or drops each")
@@ -533,7 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", parents=[common], help="serve an index over HTTP",
                                 description="A long-running server that keeps the model, index and store warm "
                                             "(nugget_rag/serving/__init__.py lists its endpoints).")
-    serve.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory (created if new)")
+    serve.add_argument("--index", type=Path, metavar="DIR", help="index directory (created if new); without it, "
+                       "the index published in the Redis of --store, which /ingest adds to")
     add_text_states_option(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=positive_int, default=8000)

@@ -27,7 +27,7 @@ from test_integrations import HashEmbeddings  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching, cli  # noqa: E402
-from nugget_rag.integrations import NuggetIndex  # noqa: E402
+from nugget_rag.integrations.published_index import PublishedIndex  # noqa: E402
 from nugget_rag.integrations.ray_ingest import ModelMismatchError  # noqa: E402
 from nugget_rag.integrations.ray_serve import (  # noqa: E402
     APP_NAME,
@@ -84,7 +84,8 @@ def redis_url(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(redis_url, tmp_path_factory):
-    """2 replicas (half a CPU each: the other CPU runs the ingest's Ray Data worker) over an empty index directory."""
+    """2 replicas (half a CPU each: the other CPU runs the ingest's Ray Data worker) over the index published in the
+    Redis store, empty at first."""
     path = os.pathsep.join([str(TESTS.parent), str(TESTS)])  # the replicas import this checkout, tiny, HashEmbeddings
     patch = pytest.MonkeyPatch()  # Serve's limits on a proxy's start (5 s, 10 s, 60 s) are too short on a busy CPU
     for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
@@ -92,13 +93,12 @@ def served(redis_url, tmp_path_factory):
     patch.setattr("ray.serve._private.api.HTTP_PROXY_TIMEOUT", 600, raising=False)
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
-    index_dir = tmp_path_factory.mktemp("index")
     port = free_port()
     options = RayServeOptions(min_replicas=2, cpus_per_replica=0.5, port=port)
     try:
-        serve_index(index_dir, tiny_compressor(NuggetStore.from_redis(redis_url)), HashEmbeddings(), options,
+        serve_index(None, tiny_compressor(NuggetStore.from_redis(redis_url)), HashEmbeddings(), options,
                     model=TinyLoader(step_s=0.05), max_batch=4)
-        yield {"port": port, "index_dir": index_dir}
+        yield {"port": port, "index_dir": None}  # None: the index published in the store, no shared directory
     finally:
         patch.undo()
         serve.shutdown()
@@ -151,8 +151,7 @@ def without_cache(answer: dict) -> dict:
 
 
 def test_answers_equal_the_single_process_servers(served, ingested, redis_url):
-    index = NuggetIndex.load(served["index_dir"], tiny_compressor(NuggetStore.from_redis(redis_url)),
-                             HashEmbeddings())
+    index = PublishedIndex(tiny_compressor(NuggetStore.from_redis(redis_url)), HashEmbeddings()).current()
     with TestClient(create_app(index)) as client:
         alone = client.post("/ask", json={**QUESTION, "stream": False}).json()
         chat = {"messages": [{"role": "user", "content": QUESTION["question"]}], "max_tokens": 6, "k": 1}
@@ -172,12 +171,13 @@ def test_bad_input_is_refused_before_any_replica_starts(served, ingested, redis_
     monkeypatch.setattr(cli, "ray_model_loader", lambda args: TinyLoader())
     started = []
     monkeypatch.setattr(serve, "run", lambda *args, **kwargs: started.append(args))
-    serving = ["serve", "--index", str(served["index_dir"]), "--store", redis_url, "--port", str(free_port())]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    serving = ["serve", "--store", redis_url, "--port", str(free_port())]
 
     assert cli.main([*serving, f"--ray={address}"]) == 2
     assert f"cannot reach the Ray cluster at {address}" in capsys.readouterr().err
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
-    assert cli.main([*serving[:3], "--store", unreachable, "--ray"]) == 2
+    assert cli.main([*serving[:1], "--store", unreachable, "--ray"]) == 2
     assert f"cannot reach Redis at {unreachable}" in capsys.readouterr().err
     for replicas in ("0", "3..1", "two"):
         assert cli.main([*serving, "--ray", "--replicas", replicas]) == 2
@@ -187,9 +187,9 @@ def test_bad_input_is_refused_before_any_replica_starts(served, ingested, redis_
     monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: tiny_compressor(
         args.store.open(), seed=1))
     assert cli.main([*serving, "--ray", "--replicas", "2"]) == 2
-    assert f"the index in {served['index_dir']} holds nuggets of tiny-llama" in capsys.readouterr().err
-    with pytest.raises(ModelMismatchError, match="serve it with the checkpoint and base model it was ingested with"):
-        serve_index(served["index_dir"], tiny_compressor(NuggetStore.from_redis(redis_url), seed=1), HashEmbeddings(),
+    assert "the index 'default' published in redis://" in capsys.readouterr().err
+    with pytest.raises(ModelMismatchError, match="the index published in redis://.* holds nuggets of tiny-llama"):
+        serve_index(None, tiny_compressor(NuggetStore.from_redis(redis_url), seed=1), HashEmbeddings(),
                     RayServeOptions(), model=TinyLoader(seed=1))
     assert not started and serve.status().applications[APP_NAME].status == "RUNNING"
 

@@ -1,0 +1,334 @@
+"""Publishing a version of an index in a nugget store (the layout: index_segments.py), one publisher at a time.
+
+A publish appends: the chunks a version adds go into new segments, the earlier ones stay as they are, so that a
+large index is not rewritten at every ingest. When more than `max_small_segments` segments are small (under a
+quarter of `segment_bytes`), runs of adjacent ones are merged (compaction); `compact=True` merges every run that
+fits. Segments are written first, then the version record, then the pointer (the commit): a publish that fails or
+crashes before the pointer leaves the previous version current and whole.
+
+The pointer keeps the `keep_versions - 1` versions before the current one, so that a reader still loading one finds
+it whole; older versions, and the segments only they list, are removed once the pointer has moved on. Publishers take
+turns under a lock: Redis's (a key that expires, should its holder die), a file lock beside a directory store, or a
+lock of this process for any other ByteStore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from filelock import FileLock, Timeout
+from langchain_core.documents import Document
+from pydantic import BaseModel, Field, field_validator
+
+from nugget_rag.cancellation import check
+from nugget_rag.store import NuggetStore, StoreUnavailableError
+
+from .faiss_store import faiss_vectors
+from .index import NuggetIndex
+from .index_segments import (
+    PREFIX,
+    Pointer,
+    SegmentCache,
+    SegmentRef,
+    VersionRecord,
+    VersionRemovedError,
+    check_name,
+    delete,
+    describe,
+    encode_segment,
+    get,
+    pending_key,
+    pointer_key,
+    published_location,
+    put,
+    read_pointer,
+    read_record,
+    read_version,
+    segment_key,
+    version_key,
+)
+
+log = logging.getLogger(__name__)
+
+LOCK_TTL_S = 600  # a Redis lock whose holder died is free after this long
+LOCK_POLL_S = 0.5  # how often a wait for another publisher checks whether its request was cancelled
+_LOCAL_LOCKS: dict[tuple[int, str], threading.Lock] = {}
+_LOCAL_LOCKS_GUARD = threading.Lock()
+
+
+class PublishOptions(BaseModel):
+    """Where an index is published in the store, and how its versions and segments are kept."""
+
+    name: str = Field("default", description="the index's name in the store (1-64 of [a-z0-9_-])")
+    keep_versions: int = Field(2, ge=1, description="versions kept: the current one and those before it, for "
+                               "readers still loading them")
+    segment_bytes: int = Field(32 * 2**20, ge=2**12, le=256 * 2**20, description="the most bytes of one segment "
+                               "(Redis refuses values over 512 MB)")
+    max_small_segments: int = Field(8, ge=1, description="small segments (under segment_bytes / 4) kept before "
+                                    "adjacent ones are merged")
+    load_attempts: int = Field(3, ge=1, description="how often a reader loads again when the version it loads is "
+                               "removed meanwhile")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value)
+
+
+class PublishLockLost(RuntimeError):
+    """The publish lock expired (its holder took longer than LOCK_TTL_S) before the publish committed."""
+
+
+class _RedisLock:
+    def __init__(self, store: NuggetStore, name: str):
+        key = f"{store.location.namespace}/{PREFIX}/{name}/lock"
+        self.lock = store.redis_client.lock(key, timeout=LOCK_TTL_S, sleep=0.05)
+        self.where = f"{key} in {describe(store)}"
+
+    def acquire(self, timeout: float) -> bool:
+        from redis.exceptions import RedisError
+
+        try:
+            return bool(self.lock.acquire(blocking=True, blocking_timeout=timeout))
+        except RedisError as err:
+            raise StoreUnavailableError(f"could not take the publish lock {self.where}: {err}; start the server or "
+                                        "fix the store's URL") from err
+
+    def confirm(self) -> None:
+        from redis.exceptions import LockError
+
+        try:
+            self.lock.reacquire()
+        except LockError as err:
+            raise PublishLockLost(f"the publish lock {self.where} expired after {LOCK_TTL_S} s, and another publisher "
+                                  "may hold it: nothing was published; ingest again") from err
+
+    def release(self) -> None:
+        from redis.exceptions import LockError
+
+        try:
+            self.lock.release()
+        except LockError:
+            log.warning("the publish lock %s had expired when it was released", self.where)
+
+
+class _FileLock:
+    def __init__(self, store: NuggetStore, name: str):
+        self.lock = FileLock(store.location.directory / f"{PREFIX}-{name}.lock")
+
+    def acquire(self, timeout: float) -> bool:
+        try:
+            self.lock.acquire(timeout=timeout)
+        except Timeout:
+            return False
+        return True
+
+    def confirm(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+class _ProcessLock(_FileLock):
+    def __init__(self, store: NuggetStore, name: str):
+        with _LOCAL_LOCKS_GUARD:
+            self.thread_lock = _LOCAL_LOCKS.setdefault((id(store.byte_store), name), threading.Lock())
+
+    def acquire(self, timeout: float) -> bool:
+        return self.thread_lock.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self.thread_lock.release()
+
+
+@contextmanager
+def publish_lock(store: NuggetStore, name: str) -> Iterator[_RedisLock | _FileLock]:
+    """Hold the lock of the index `name` in `store`, waiting (and logging that) while another publisher holds it; a
+    cancelled request (cancellation.py) stops waiting."""
+    location = store.location
+    if location is not None and location.is_redis:
+        lock: _RedisLock | _FileLock = _RedisLock(store, name)
+    elif location is not None:
+        lock = _FileLock(store, name)
+    else:
+        lock = _ProcessLock(store, name)
+    if not lock.acquire(0):
+        log.warning("another process is publishing the index %r in %s; waiting for it to finish", name,
+                    describe(store))
+        while not lock.acquire(LOCK_POLL_S):
+            check()
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+# ---------------------------------------------------------------------------------------------- publishing
+def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Pointer, VersionRecord] | None,
+                    index: NuggetIndex, appended_from: int, lock: _RedisLock | _FileLock,
+                    compact: bool = False, cache: SegmentCache | None = None) -> tuple[bytes, Pointer, VersionRecord]:
+    """Publish `index` (its own FAISS) as the version after `base` (the current one, None: the first), under `lock`.
+    Its first `appended_from` chunks are `base`'s, whose segments it keeps (0: every segment is written anew); the
+    segments written go into `cache` too. Returns the new pointer (bytes and value) and record."""
+    name = options.name
+    if base is not None and appended_from == base[1].count:
+        refs, start = list(base[1].segments), base[1].count
+    else:
+        refs, start = [], 0
+    chunks, dimension = index.documents, index.dimension
+    spans: list[tuple[int, int]] = []  # each segment's chunk positions [a, b)
+    for ref in refs:
+        a = spans[-1][1] if spans else 0
+        spans.append((a, a + ref.count))
+    new: dict[str, bytes] = {}
+
+    def segment(a: int, b: int) -> SegmentRef:
+        data = encode_segment(chunks[a:b], faiss_vectors(index.vectorstore, a, b))
+        ref = SegmentRef(sha256=_sha256(data), count=b - a, nbytes=len(data))
+        new[ref.sha256] = data
+        return ref
+
+    for a, b in chunk_runs(chunks[start:], dimension or 0, options.segment_bytes):
+        refs.append(segment(start + a, start + b))
+        spans.append((start + a, start + b))
+    merged: list[SegmentRef] = []
+    for group in merge_groups(refs, options, compact):
+        merged.append(refs[group[0]] if len(group) == 1 else segment(spans[group[0]][0], spans[group[-1]][1]))
+    version = 1 if base is None else base[0].version + 1
+    record = VersionRecord(name=name, version=version, count=len(chunks), dimension=dimension,
+                           manifest=index.manifest(), segments=merged)
+    earlier = [] if base is None else [*base[0].kept, base[0].version]
+    kept = earlier[len(earlier) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
+    listed = {ref.sha256 for ref in merged}
+    writes = [sha for sha in new if sha in listed]
+    check()  # the last point a cancelled request stops at: what follows is quick, and lands whole
+    _remove_pending(store, name, base)
+    put(store, pending_key(name), json.dumps(writes).encode())
+    for sha in writes:
+        put(store, segment_key(name, sha), new[sha])
+    record_bytes = record.model_dump_json().encode()
+    put(store, version_key(name, version), record_bytes)
+    pointer = Pointer(version=version, sha256=_sha256(record_bytes), kept=kept,
+                      retired=[v for v in earlier if v not in kept])
+    pointer_bytes = pointer.model_dump_json().encode()
+    lock.confirm()
+    put(store, pointer_key(name), pointer_bytes)  # the commit
+    store.register_index(published_location(name))  # its chunks' states are kept by prune
+    retry = [] if base is None else base[0].retired  # should the publish before have stopped while removing them
+    remove_versions(store, name, [*pointer.retired, *retry], listed | _listed(store, name, kept))
+    delete(store, [pending_key(name)])
+    if cache is not None:
+        for sha in writes:
+            cache.put(sha, new[sha])
+        cache.keep(listed)
+    log.info("published version %d of the index %r in %s: %d chunks in %d segments (%d written)", version, name,
+             describe(store), record.count, len(merged), len(writes))
+    return pointer_bytes, pointer, record
+
+
+def chunk_runs(chunks: Sequence[Document], dimension: int, segment_bytes: int) -> list[tuple[int, int]]:
+    """Runs [a, b) of `chunks`, in order, each of encoded size at most about `segment_bytes` (one chunk at least)."""
+    runs, start, size = [], 0, 0
+    for i, chunk in enumerate(chunks):
+        nbytes = len(chunk.page_content.encode()) + len(json.dumps(chunk.metadata, default=str)) + 4 * dimension + 80
+        if i > start and size + nbytes > segment_bytes:
+            runs.append((start, i))
+            start, size = i, 0
+        size += nbytes
+    if start < len(chunks):
+        runs.append((start, len(chunks)))
+    return runs
+
+
+def merge_groups(refs: Sequence[SegmentRef], options: PublishOptions, compact: bool) -> list[list[int]]:
+    """The segments (by position) as groups of adjacent ones to merge into one: singletons unless more than
+    `max_small_segments` are small, or `compact`; then each run of mergeable ones, greedily, up to `segment_bytes`."""
+    limit = options.segment_bytes
+    small = [ref.nbytes < limit // 4 for ref in refs]
+    if not compact and sum(small) <= options.max_small_segments:
+        return [[i] for i in range(len(refs))]
+    mergeable = [True] * len(refs) if compact else small
+    groups: list[list[int]] = []
+    size = 0
+    for i, ref in enumerate(refs):
+        if groups and mergeable[i] and mergeable[groups[-1][-1]] and size + ref.nbytes <= limit:
+            groups[-1].append(i)
+            size += ref.nbytes
+        else:
+            groups.append([i])
+            size = ref.nbytes
+    return groups
+
+
+def remove_versions(store: NuggetStore, name: str, versions: Sequence[int], keep: set[str]) -> None:
+    """Remove the records of `versions` and their segments but those in `keep` (listed by a kept version)."""
+    for version in dict.fromkeys(versions):
+        key = version_key(name, version)
+        data = get(store, key)
+        if data is None:
+            continue
+        try:
+            listed = {ref.sha256 for ref in VersionRecord.model_validate_json(data).segments}
+        except ValueError:  # a malformed record: its segments are left
+            listed = set()
+        delete(store, [segment_key(name, sha) for sha in sorted(listed - keep)])
+        delete(store, [key])
+
+
+def _listed(store: NuggetStore, name: str, versions: Sequence[int]) -> set[str]:
+    """The segments the records of `versions` list (those still in the store)."""
+    listed: set[str] = set()
+    for version in versions:
+        try:
+            listed |= {ref.sha256 for ref in read_record(store, name, version).segments}
+        except LookupError:
+            continue
+    return listed
+
+
+def _remove_pending(store: NuggetStore, name: str, base: tuple[Pointer, VersionRecord] | None) -> None:
+    """Remove the segments a publish that stopped before its commit wrote, but those a kept version lists."""
+    data = get(store, pending_key(name))
+    if data is None:
+        return
+    try:
+        pending = [str(sha) for sha in json.loads(data)]
+    except (ValueError, TypeError):
+        pending = []
+    keep = set() if base is None else {r.sha256 for r in base[1].segments} | _listed(store, name, base[0].kept)
+    delete(store, [segment_key(name, sha) for sha in pending if sha not in keep])
+
+
+def published_texts(store: NuggetStore, name: str) -> tuple[set[str], set[str]]:
+    """The texts of the chunks of every kept version of the index `name` in `store`, and the nugget fingerprints
+    they were published with (what prune keeps)."""
+    found = read_pointer(store, name)
+    if found is None:
+        return set(), set()
+    pointer = found[1]
+    texts, fingerprints = set(), set()
+    for version in [*pointer.kept, pointer.version]:
+        try:
+            record, chunks, _ = read_version(store, name, version,
+                                             pointer.sha256 if version == pointer.version else None)
+        except VersionRemovedError:
+            continue
+        texts |= {d.page_content for d in chunks}
+        fingerprints.add(str(record.manifest.get("nugget_fingerprint")))
+    return texts, fingerprints
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+__all__: list[str] = [
+    "LOCK_TTL_S", "PublishLockLost", "PublishOptions", "chunk_runs", "merge_groups", "publish_lock",
+    "publish_version", "published_texts", "remove_versions",
+]
