@@ -6,12 +6,13 @@ text -> tokens -> encoder + Scorer -> NuggetState (cached in a NuggetStore) -> d
 from .autoregressive import NuggetStream
 from .compressor import NuggetCompressor
 from .config import LoraSettings, NuggetConfig, StreamSettings
+from .directory_store import DirectoryByteStore
 from .generation import GenerationSettings, generate, stream_generate
 from .llm import NuggetLLM
 from .model import NuggetModel
 from .prompts import QA_PROMPT, SUMMARY_PROMPT
 from .state import CorruptStateError, NuggetState
-from .store import DirectoryByteStore, NuggetStore, StoreUnavailableError
+from .store import NuggetStore, StoreUnavailableError
 from .stream_llm import NuggetStreamLLM
 
 __all__ = [

@@ -13,8 +13,9 @@ import torch
 from langchain_core.stores import InMemoryByteStore
 from langchain_tests.integration_tests import BaseStoreAsyncTests, BaseStoreSyncTests
 
+from nugget_rag.directory_store import DirectoryByteStore
 from nugget_rag.state import CorruptStateError, NuggetState
-from nugget_rag.store import DirectoryByteStore, NuggetStore, StoreLocation
+from nugget_rag.store import NuggetStore, StoreLocation
 
 
 def make_state(fingerprint: str = "fp", k: int = 3, seed: int = 0) -> NuggetState:
