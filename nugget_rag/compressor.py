@@ -280,7 +280,7 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
                 kept.append(doc)
             else:
                 log.warning("document %d (id=%r) is empty or whitespace; it has no nuggets and is dropped", i, doc.id)
-        passes = [self._passes(doc) for doc in kept]
+        passes = self._passing(kept)
         todo = [doc for doc, passed in zip(kept, passes) if not passed]
         if self.text_states and todo:
             self.lookup(todo, 1.0, adapter=None)
@@ -297,26 +297,29 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
             out.append(Document(page_content=doc.page_content, metadata=meta, id=doc.id))
         return out
 
-    def named_state(self, document: Document) -> dict | None:
-        """The nugget metadata `document` carries when it names this compressor's stored state of its text (the
+    def named_states(self, documents: Sequence[Document]) -> list[dict | None]:
+        """The nugget metadata each document carries when it names this compressor's stored state of its text (the
         key of its state at the floor `keep_ratio`, as `compress` wrote it), else None."""
-        info = document.metadata.get(METADATA_KEY)
-        if not (isinstance(info, dict) and all(field in info for field in NUGGET_FIELDS)):
-            return None
-        return info if info["key"] == self.store.key(document.page_content, self.fingerprint) else None
+        fingerprint = self.fingerprint
+        named = []
+        for doc in documents:
+            info = doc.metadata.get(METADATA_KEY)
+            names = (isinstance(info, dict) and all(field in info for field in NUGGET_FIELDS)
+                     and info["key"] == self.store.key(doc.page_content, fingerprint))
+            named.append(info if names else None)
+        return named
 
-    def _passes(self, document: Document) -> bool:
-        """Whether `compress` passes `document` as it is (`trust_metadata_keys`, and it names its state already)."""
+    def _passing(self, documents: Sequence[Document]) -> list[bool]:
+        """Which documents `compress` passes as they are (`trust_metadata_keys`, and they name their state)."""
         if not self.trust_metadata_keys:
-            return False
-        info = self.named_state(document)
-        return info is not None and info["ratio"] == self.effective_ratio
+            return [False] * len(documents)
+        return [info is not None and info["ratio"] == self.effective_ratio for info in self.named_states(documents)]
 
     def token_counts(self, documents: Sequence[Document | str]) -> list[int]:
-        """Each document's length in tokens: as the metadata naming its state says (`named_state`), else tokenised
+        """Each document's length in tokens: as the metadata naming its state says (`named_states`), else tokenised
         (all the others in one call)."""
         docs = as_documents(documents)
-        known = [(self.named_state(doc) or {}).get("n_tokens") for doc in docs]
+        known = [(info or {}).get("n_tokens") for info in self.named_states(docs)]
         unknown = [doc.page_content for doc, count in zip(docs, known) if not isinstance(count, int)]
         measured = iter(self.model.tokenizer(unknown, add_special_tokens=False)["input_ids"] if unknown else [])
         return [count if isinstance(count, int) else len(next(measured)) for count in known]
@@ -343,7 +346,8 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
             except TypeError:
                 if not return_exceptions:
                     raise
-        todo = [d for d in docs if d.page_content.strip() and not self._passes(d)]
+        kept = [d for d in docs if d.page_content.strip()]
+        todo = [d for d, passed in zip(kept, self._passing(kept)) if not passed]
         with self.reading(docs):
             if self.text_states and todo:
                 self.lookup(todo, 1.0, adapter=None)
