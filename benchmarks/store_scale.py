@@ -20,7 +20,7 @@ store: passages, tokens, store bytes (directory: the files' bytes and the disk b
 summed STRLEN, and the growth of `INFO memory` used_memory), bytes a token, passages/s and tokens/s, and how the
 ingest's time splits: splitting into chunks (the text splitter measures its pieces with the tokenizer), the model's
 compress passes, the retrieval embeddings, the store's writes, and the rest (tokenising, serialising states, FAISS
-and the docstore).
+and the docstore); and the seconds a passage spent splitting.
 
 Queries: the Redis index served by the single-process server (create_app under uvicorn in its own process, one torch
 thread) and by `serve_index` (what `nugget-rag serve --ray --replicas N` runs: a local Ray of this machine's CPUs,
@@ -210,6 +210,7 @@ def ingest_store(docs: list[Document], compressor: NuggetCompressor, embeddings:
             "tokens": stats["tokens"], "state_bytes_written": store["bytes_written"],
             "ingest_s": round(ingest_s, 2), **phases, "other_s": round(ingest_s - sum(timer.seconds.values()), 3),
             "save_s": round(save_s, 2), "index_file_bytes": index_files,
+            "split_s_per_passage": round(timer.seconds["split"] / len(docs), 6),
             "passages_per_s": round(len(docs) / ingest_s, 1),
             "tokens_per_s": round(stats["tokens"] / ingest_s, 1)}
 
@@ -339,14 +340,15 @@ def markdown(report: dict) -> str:
              f"{meta['torch_threads']} thread(s); load average {meta['load_before']} before, {meta['load_after']} "
              f"after. Started {meta['started']}.", "",
              "| store | passages | tokens | store entries | store bytes | bytes a token | also | ingest s | passages/s "
-             "| tokens/s | split s | compress s | embed s | write s | other s | save s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| tokens/s | split s | split ms a passage | compress s | embed s | write s | other s | save s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in report["stores"].items():
         also = (f"{row['store_disk_bytes']:,} on disk (blocks)" if name == "directory"
                 else f"used_memory +{row['used_memory_growth']:,}")
         lines.append(f"| {name} | {row['passages']:,} | {row['tokens']:,} | {row['store_entries']:,} | "
                      f"{row['store_bytes']:,} | {row['store_bytes_per_token']:,} | {also} | {row['ingest_s']} | "
                      f"{row['passages_per_s']:,} | {row['tokens_per_s']:,} | {row['split_s']:.1f} | "
+                     f"{row['split_s_per_passage'] * 1000:.3f} | "
                      f"{row['compress_s']:.1f} | {row['embed_s']:.1f} | {row['write_s']:.1f} | {row['other_s']:.1f} | "
                      f"{row['save_s']:.1f} |")
     if report.get("queries"):

@@ -25,8 +25,10 @@ def build_qa_chain(
 ) -> Runnable:
     """question -> retrieve -> nuggets -> NuggetLLM: ``{"documents": retriever | compressor, "question": q} | llm``.
 
-    Returns the AIMessage (its ``response_metadata["sources"]`` names the chunks read, ``["resolution"]`` how each
-    retrieved chunk was read and why), or its text with ``as_text=True``. `k`: the chunks a NuggetIndex retrieves
+    The compressor step passes the chunks that already name their stored state (a NuggetIndex's) as they are, and
+    the llm reads each chunk's state once a question, by that key. Returns the AIMessage (its
+    ``response_metadata["sources"]`` names the chunks read, ``["resolution"]`` how each retrieved chunk was read
+    and why), or its text with ``as_text=True``. `k`: the chunks a NuggetIndex retrieves
     (the policy then reads some whole, may skim some and drops the rest). `resolution`: how each chunk is read, as
     NuggetLLM takes it (a policy or a name of RESOLUTIONS); None keeps the llm's own (by default "default").
     """
@@ -40,7 +42,9 @@ def build_qa_chain(
         if llm.resolution.expand > k:
             raise ValueError(f"{type(llm.resolution).__name__}(expand={llm.resolution.expand}) reads more chunks whole "
                              f"than k={k} retrieves; raise k to at least {llm.resolution.expand} or lower expand")
-    chain = {"documents": retriever | llm.compressor, "question": RunnablePassthrough()} | llm
+    # chunks that name their stored state (a NuggetIndex's) pass unread: the llm reads each state once, by its key
+    compressor = llm.compressor.model_copy(update={"trust_metadata_keys": True})
+    chain = {"documents": retriever | compressor, "question": RunnablePassthrough()} | llm
     return chain | StrOutputParser() if as_text else chain
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,8 +27,7 @@ from .store import NuggetStore
 log = logging.getLogger(__name__)
 
 METADATA_KEY = "nuggets"
-# The states of a `batch` call's one compression pass, by text, for the per-input runs it then makes.
-_BATCH_STATES: ContextVar[tuple[str, dict[str, NuggetState]]] = ContextVar("nugget_batch_states", default=("", {}))
+NUGGET_FIELDS = ("key", "n_tokens", "n_nuggets", "ratio", "floor")  # what `compress` writes under METADATA_KEY
 CompressorInput = str | Document | Sequence[str | Document]
 
 
@@ -57,12 +57,31 @@ class Compressed(NamedTuple):
     stored: NuggetState
 
 
+class StatesRead:
+    """What one reading took from a store (`NuggetCompressor.reading`): each state read or computed, by key, with
+    whether the store held it, and the key each document's metadata names, by text."""
+
+    def __init__(self, store: NuggetStore):
+        self.store = store
+        self.states: dict[str, tuple[NuggetState, bool]] = {}
+        self.named: dict[str, str] = {}
+
+    def name(self, documents: Sequence[Document]) -> None:
+        for doc in documents:
+            info = doc.metadata.get(METADATA_KEY)
+            if isinstance(info, dict) and isinstance(info.get("key"), str):
+                self.named[doc.page_content] = info["key"]
+
+
+_READING: ContextVar[StatesRead | None] = ContextVar("nugget_reading", default=None)
+
+
 class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorInput, list[Document]]):
     """Compresses documents into nuggets (paper Sec. 2.3), caching each in a content-addressed store.
 
     Input: a Document, a string, or a list of them. Output: new Documents with the same text and metadata plus
-    ``metadata["nuggets"] = {"key", "n_tokens", "n_nuggets", "ratio"}`` (JSON), where ``key`` addresses the
-    NuggetState in `store`. Empty or whitespace-only documents are dropped, with a warning.
+    ``metadata["nuggets"] = {"key", "n_tokens", "n_nuggets", "ratio", "floor"}`` (JSON), where ``key`` addresses
+    the NuggetState in `store`. Empty or whitespace-only documents are dropped, with a warning.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -85,6 +104,11 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
     text_states: bool = Field(False, description="Also store each document as the frozen model reads its text "
                               "(r = 1, adapters off): what a resolution policy reads a document whole from, so that "
                               "no question waits for it (twice the store's bytes at keep_ratio 1).")
+    trust_metadata_keys: bool = Field(False, description="Pass a document whose metadata already names this "
+                                      "compressor's stored state of its text at its ratio (a chunk retrieved from a "
+                                      "NuggetIndex) as it is, its state unread: the QA chain's step, after which "
+                                      "NuggetLLM reads the state by that key (and recomputes one the store lost). "
+                                      "Off: every document's state is made sure of in the store (ingest).")
     show_progress: bool = False
 
     @field_validator("ratio", mode="before")
@@ -164,27 +188,44 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         docs = as_documents(documents)
         texts = [d.page_content for d in docs]
         wanted = self._ratios(ratios, len(texts))
-        batch_fingerprint, ready = _BATCH_STATES.get()
-        ready = ready if batch_fingerprint == self.fingerprint else {}
-        found: dict[tuple[str, float], tuple[str, NuggetState, bool]] = {}  # (text, ratio) -> key, stored, cached
-        missing: dict[float, list[str]] = {}  # floor -> texts to compress there
-        for text, ratio in dict.fromkeys(zip(texts, wanted)):
-            hit = self._find(text, ratio, adapter, ready if adapter == ENCODER else {})
-            if hit is None:
-                missing.setdefault(min(self.keep_ratio, ratio), []).append(text)
-            else:
-                found[text, ratio] = (*hit, True)
-        computed = {floor: self._compress(list(dict.fromkeys(group)), floor, adapter)
-                    for floor, group in missing.items()}
+        with self.reading(docs) as read:
+            found: dict[tuple[str, float], tuple[str, NuggetState, bool]] = {}  # (text, ratio) -> key, stored, cached
+            missing: dict[float, list[str]] = {}  # floor -> texts to compress there
+            for text, ratio in dict.fromkeys(zip(texts, wanted)):
+                hit = self._find(text, ratio, adapter, read)
+                if hit is None:
+                    missing.setdefault(min(self.keep_ratio, ratio), []).append(text)
+                else:
+                    found[text, ratio] = hit
+            computed = {floor: self._compress(list(dict.fromkeys(group)), floor, adapter)
+                        for floor, group in missing.items()}
+            for text, state in (item for states in computed.values() for item in states.items()):
+                read.states[self.store.key(text, state.fingerprint)] = (state, False)
         out = []
         for text, ratio in zip(texts, wanted):
             if (text, ratio) not in found:
-                floor = min(self.keep_ratio, ratio)
-                state = computed[floor][text]
+                state = computed[min(self.keep_ratio, ratio)][text]
                 found[text, ratio] = (self.store.key(text, state.fingerprint), state, False)
             key, stored, cached = found[text, ratio]
             out.append(Compressed(key, stored.at_ratio(ratio) if stored.ranked else stored, cached, stored))
         return out
+
+    @contextmanager
+    def reading(self, documents: Sequence[Document | str] = ()) -> Iterator[StatesRead]:
+        """A block in which each stored state is read from the store once (one question's answer, one `batch`
+        call): a later lookup of it in the block takes it from there. A document whose metadata names its state's
+        key (this compressor's output) is read by that key first. Blocks over one store nest into the outer one."""
+        outer = _READING.get()
+        read = outer if outer is not None and outer.store is self.store else StatesRead(self.store)
+        read.name(as_documents(documents))
+        if read is outer:
+            yield read
+            return
+        token = _READING.set(read)
+        try:
+            yield read
+        finally:
+            _READING.reset(token)
 
     def _ratios(self, ratios: float | Sequence[float] | None, count: int) -> list[float]:
         if ratios is None or isinstance(ratios, (int, float)):
@@ -195,17 +236,21 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         return [NuggetConfig(ratio=r).ratio for r in ratios]
 
     def _find(self, text: str, ratio: float, adapter: str | None,
-              ready: dict[str, NuggetState]) -> tuple[str, NuggetState] | None:
-        """A cached state that can be read at `ratio`: ranked at the floor, ranked at `ratio` (stored when that
-        ratio was asked below the floor), or in reading order at `ratio` (stored by an earlier version)."""
+              read: StatesRead) -> tuple[str, NuggetState, bool] | None:
+        """A cached state that can be read at `ratio`, its key and whether the store held it: ranked at the floor,
+        ranked at `ratio` (stored when that ratio was asked below the floor), or in reading order at `ratio`
+        (stored by an earlier version); the one the document's metadata names first, each read once a block."""
         floors = [self.keep_ratio] if self.keep_ratio <= ratio else [ratio]
         fingerprints = [self.stored_fingerprint(f, adapter) for f in floors]
         fingerprints.append(self.model.fingerprint(ratio, adapter, segment_tokens=self.segment_tokens))
-        for fingerprint in fingerprints:
-            state = ready.get(text) if fingerprint == self.fingerprint else None
-            state = state or self.store.get(text, fingerprint)
-            if state is not None:
-                return self.store.key(text, fingerprint), state
+        keys = {self.store.key(text, fingerprint): fingerprint for fingerprint in fingerprints}
+        for key in sorted(keys, key=lambda key: key != read.named.get(text)):
+            if key not in read.states:
+                state = self.store.get(text, keys[key])
+                if state is None:
+                    continue
+                read.states[key] = (state, True)
+            return key, *read.states[key]
         return None
 
     def _compress(self, texts: list[str], floor: float, adapter: str | None) -> dict[str, NuggetState]:
@@ -227,22 +272,57 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         return out
 
     def compress(self, documents: Sequence[Document]) -> list[Document]:
-        """New Documents whose metadata names their stored nuggets; the inputs are left untouched."""
+        """New Documents whose metadata names their stored nuggets; the inputs are left untouched. With
+        `trust_metadata_keys`, a document already naming them keeps its metadata, unread."""
         kept = []
         for i, doc in enumerate(documents):
             if doc.page_content.strip():
                 kept.append(doc)
             else:
                 log.warning("document %d (id=%r) is empty or whitespace; it has no nuggets and is dropped", i, doc.id)
-        if self.text_states and kept:
-            self.lookup(kept, 1.0, adapter=None)
+        passes = self._passing(kept)
+        todo = [doc for doc, passed in zip(kept, passes) if not passed]
+        if self.text_states and todo:
+            self.lookup(todo, 1.0, adapter=None)
+        found = iter(self.lookup(todo))
         out = []
-        for doc, (key, state, _, stored) in zip(kept, self.lookup(kept)):
+        for doc, passed in zip(kept, passes):
             meta = {k: v for k, v in doc.metadata.items() if k != METADATA_KEY}
-            meta[METADATA_KEY] = {"key": key, "n_tokens": state.n, "n_nuggets": state.k, "ratio": self.effective_ratio,
-                                  "floor": stored.floor}
+            if passed:
+                meta[METADATA_KEY] = dict(doc.metadata[METADATA_KEY])
+            else:
+                key, state, _, stored = next(found)
+                meta[METADATA_KEY] = {"key": key, "n_tokens": state.n, "n_nuggets": state.k,
+                                      "ratio": self.effective_ratio, "floor": stored.floor}
             out.append(Document(page_content=doc.page_content, metadata=meta, id=doc.id))
         return out
+
+    def named_states(self, documents: Sequence[Document]) -> list[dict | None]:
+        """The nugget metadata each document carries when it names this compressor's stored state of its text (the
+        key of its state at the floor `keep_ratio`, as `compress` wrote it), else None."""
+        fingerprint = self.fingerprint
+        named = []
+        for doc in documents:
+            info = doc.metadata.get(METADATA_KEY)
+            names = (isinstance(info, dict) and all(field in info for field in NUGGET_FIELDS)
+                     and info["key"] == self.store.key(doc.page_content, fingerprint))
+            named.append(info if names else None)
+        return named
+
+    def _passing(self, documents: Sequence[Document]) -> list[bool]:
+        """Which documents `compress` passes as they are (`trust_metadata_keys`, and they name their state)."""
+        if not self.trust_metadata_keys:
+            return [False] * len(documents)
+        return [info is not None and info["ratio"] == self.effective_ratio for info in self.named_states(documents)]
+
+    def token_counts(self, documents: Sequence[Document | str]) -> list[int]:
+        """Each document's length in tokens: as the metadata naming its state says (`named_states`), else tokenised
+        (all the others in one call)."""
+        docs = as_documents(documents)
+        known = [(info or {}).get("n_tokens") for info in self.named_states(docs)]
+        unknown = [doc.page_content for doc, count in zip(docs, known) if not isinstance(count, int)]
+        measured = iter(self.model.tokenizer(unknown, add_special_tokens=False)["input_ids"] if unknown else [])
+        return [count if isinstance(count, int) else len(next(measured)) for count in known]
 
     # ------------------------------------------------------------------ LangChain interfaces
     def invoke(self, input: CompressorInput, config: RunnableConfig | None = None, **kwargs: Any) -> list[Document]:
@@ -257,8 +337,8 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         **kwargs: Any,
     ) -> list[list[Document] | Exception]:
         """Runnable.batch (one run per input, with its config), after compressing all valid inputs' documents
-        together (batched passes over the model); each run takes its states from that pass, not the store, whose
-        memory may have evicted them meanwhile."""
+        together (batched passes over the model); each run takes its states from that pass (one `reading`), not
+        the store, whose memory may have evicted them meanwhile."""
         docs = []
         for value in inputs:
             try:
@@ -266,14 +346,13 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
             except TypeError:
                 if not return_exceptions:
                     raise
-        texts = [d.page_content for d in docs if d.page_content.strip()]
-        stored = {text: found.stored for text, found in zip(texts, self.lookup(texts))
-                  if found.stored.fingerprint == self.fingerprint}
-        token = _BATCH_STATES.set((self.fingerprint, stored))
-        try:
+        kept = [d for d in docs if d.page_content.strip()]
+        todo = [d for d, passed in zip(kept, self._passing(kept)) if not passed]
+        with self.reading(docs):
+            if self.text_states and todo:
+                self.lookup(todo, 1.0, adapter=None)
+            self.lookup(todo)
             return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-        finally:
-            _BATCH_STATES.reset(token)
 
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None

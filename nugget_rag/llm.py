@@ -100,7 +100,7 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
     `resolution`'s plan for the question; by default the chain's: the passage the question is likeliest under read
     whole as text, the others dropped (`default_resolution()`); for a summary (a template without {question}), every
     document as nuggets at the compressor's ratio. Documents already compressed by a NuggetCompressor are read from
-    its store; others are compressed on the fly.
+    its store, by the key their metadata names, each state once a question; others are compressed on the fly.
 
     Output: the answer's ``response_metadata`` holds ``sources`` (per document read: its ``index`` among the
     documents given, its ``id`` if any, ``read_as`` "text" or "nuggets", and its metadata without nugget details),
@@ -183,9 +183,10 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
                              "without documents for a plain chat")
         return kept
 
-    def _prompt_ids(self, messages: Sequence[BaseMessage], with_documents: bool) -> tuple[list[int], list[int]]:
-        """The decoder's token ids before and after the documents' nuggets (NuggetModel.chat_prompt)."""
-        chat = chat_dicts(messages, self.system_prompt)
+    def _prompt_ids(self, chat: Sequence[dict[str, str]], with_documents: bool) -> tuple[list[int], list[int]]:
+        """The decoder's token ids before and after the documents' nuggets (NuggetModel.chat_prompt), for the
+        messages as `chat_dicts` gives them."""
+        chat = list(chat)
         last = max((i for i, m in enumerate(chat) if m["role"] == "user"), default=None)
         asks = not with_documents or takes_question(self.prompt_template)
         if last is not None and asks and not chat[last]["content"].strip():
@@ -208,9 +209,9 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
         return default_resolution() if takes_question(self.prompt_template) else UniformResolution()
 
     @staticmethod
-    def _question(messages: Sequence[BaseMessage]) -> str:
+    def _question(chat: Sequence[dict[str, str]]) -> str:
         """The last user message's text: what the documents are read for."""
-        return next((m["content"] for m in reversed(chat_dicts(messages, None)) if m["role"] == "user"), "")
+        return next((m["content"] for m in reversed(chat) if m["role"] == "user"), "")
 
     # ------------------------------------------------------------------ generation
     def _stream(
@@ -225,9 +226,10 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
         if model_name != self.compressor.model.base_name:
             raise ValueError(f"this NuggetLLM serves {self.compressor.model.base_name!r}, not model={model_name!r}")
         given = self._documents(messages, documents)
-        prefix, prompt = self._prompt_ids(messages, with_documents=bool(given))
+        chat = chat_dicts(messages, self.system_prompt)
+        prefix, prompt = self._prompt_ids(chat, with_documents=bool(given))
         policy = self.policy if given else None
-        readings, found, adapter = (policy.read(self._question(messages), [d for _, d in given], self.compressor)
+        readings, found, adapter = (policy.read(self._question(chat), [d for _, d in given], self.compressor)
                                     if policy else ([], [], DECODER))
         planned = [i for i, _ in given]
         read = [(g, r) for g, r in zip(given, readings) if r.ratio is not None]

@@ -93,11 +93,14 @@ class ResolutionPolicy(BaseModel):
         """One score per document, higher for more relevant."""
         raise NotImplementedError
 
-    def plan(self, question: str, texts: Sequence[str], compressor: NuggetCompressor) -> list[DocumentReading]:
-        """Each document's reading, in the order given. A ValueError if there is nothing to plan for."""
-        if not texts:
+    def plan(self, question: str, documents: Sequence[Document | str],
+             compressor: NuggetCompressor) -> list[DocumentReading]:
+        """Each document's reading, in the order given (its length in tokens as the compressor's metadata names it,
+        else tokenised). A ValueError if there is nothing to plan for."""
+        if not documents:
             raise ValueError(f"{type(self).__name__} got no documents to read; retrieve at least one")
-        lengths = [len(compressor.model.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        texts = [d if isinstance(d, str) else d.page_content for d in documents]
+        lengths = compressor.token_counts(documents)
         scores = [float(s) for s in self.relevance(question, texts, compressor)]
         if len(scores) != len(texts) or not all(math.isfinite(s) for s in scores):
             raise ValueError(f"{type(self).__name__} gave relevance {scores} for {len(texts)} documents")
@@ -105,15 +108,17 @@ class ResolutionPolicy(BaseModel):
 
     def read(self, question: str, documents: Sequence[Document | str], compressor: NuggetCompressor) -> PlannedReading:
         """Plan the documents' readings, then look each up at its ratio in its adapter's stored state (the one path
-        NuggetLLM, the chain, the CLI and the harness read documents by)."""
-        texts = [d if isinstance(d, str) else d.page_content for d in documents]
-        readings = self.plan(question, texts, compressor)
-        picked = [i for i, r in enumerate(readings) if r.ratio is not None]
-        found: dict[int, Compressed] = {}
-        for adapter in dict.fromkeys(readings[i].adapter for i in picked):
-            group = [i for i in picked if readings[i].adapter == adapter]
-            looked = compressor.lookup([documents[i] for i in group], [readings[i].ratio for i in group], adapter)
-            found.update(zip(group, looked))
+        NuggetLLM, the chain, the CLI and the harness read documents by), in one `NuggetCompressor.reading`: each
+        stored state is read from the store once (the state a probe scored is the one the answer reads), by the key
+        a document's metadata names."""
+        with compressor.reading(documents):
+            readings = self.plan(question, documents, compressor)
+            picked = [i for i, r in enumerate(readings) if r.ratio is not None]
+            found: dict[int, Compressed] = {}
+            for adapter in dict.fromkeys(readings[i].adapter for i in picked):
+                group = [i for i in picked if readings[i].adapter == adapter]
+                looked = compressor.lookup([documents[i] for i in group], [readings[i].ratio for i in group], adapter)
+                found.update(zip(group, looked))
         return PlannedReading(readings, [found[i] for i in picked], self.decoder_adapter(readings))
 
     def positions_budget(self, lengths: Sequence[int]) -> int:
@@ -189,10 +194,11 @@ class UniformResolution(RetrieverRank):
     expand: int = 0
     skim_ratio: float | None = None
 
-    def plan(self, question, texts, compressor):
+    def plan(self, question, documents, compressor):
         if self.skim_ratio is None:
-            return self.model_copy(update={"skim_ratio": compressor.effective_ratio}).plan(question, texts, compressor)
-        return super().plan(question, texts, compressor)
+            return self.model_copy(update={"skim_ratio": compressor.effective_ratio}).plan(question, documents,
+                                                                                          compressor)
+        return super().plan(question, documents, compressor)
 
 
 class LexicalRerank(ResolutionPolicy):

@@ -236,6 +236,7 @@ def test_store_scale_ingest_reports_consistent_counts_bytes_and_rates(make_model
     phases = [row[f"{phase}_s"] for phase in ("split", "compress", "embed", "write")]
     assert min(phases) >= 0 and row["split_s"] > 0 and row["compress_s"] > 0 and row["write_s"] > 0
     assert sum(phases) + row["other_s"] == pytest.approx(row["ingest_s"], abs=0.01)
+    assert row["split_s_per_passage"] == pytest.approx(row["split_s"] / 6, abs=1e-3)
     assert "compress" not in vars(model)  # the timed methods are the classes' again
     with pytest.raises(ValueError, match="already holds an index"):
         scale.directory_row(docs, scale.NuggetCompressor(model=model), scale.WordHashEmbeddings(),
@@ -247,5 +248,6 @@ def test_store_scale_ingest_reports_consistent_counts_bytes_and_rates(make_model
                "Ray, 1 replica": {"start_s": 9.0, "per_s": 2.0, "errors": 0, "wall": 4.0, "p50": 1.0, "p95": 1.6}}
     table = scale.markdown({"meta": meta, "stores": {"directory": row}, "queries": queries})
     assert f"| directory | 6 | {row['tokens']:,} | {row['chunks']:,} |" in table
+    assert f"| {row['split_s']:.1f} | {row['split_s_per_passage'] * 1000:.3f} | {row['compress_s']:.1f} |" in table
     assert "| single process | 1.0 | 4.00 | 2.00x | 0 | 2.0 | 0.500 | 0.50x | 0.800 | 0.50x |" in table
     assert "ratios to Ray, 1 replica" in table

@@ -16,6 +16,7 @@ from tiny import tiny_base
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
 from nugget_rag.compressor import METADATA_KEY
 from nugget_rag.generation import GenerationSettings
+from nugget_rag.llm import chat_dicts
 from nugget_rag.prompts import SUMMARY_PROMPT
 
 TEXTS = ["Paris is the capital of France.", "Berlin is the capital of Germany, on the Spree."]
@@ -306,7 +307,8 @@ def test_usage_metadata_counts_prompt_and_nuggets_and_cache_reads():
     request = {"documents": TEXTS, "question": "Which capital?"}
     k = sum(-(-len(t) // 4) for t in TEXTS)
     first = llm.invoke(request).usage_metadata
-    prefix, prompt = llm._prompt_ids([llm._convert_input(request).to_messages()[0]], with_documents=True)
+    messages = llm._convert_input(request).to_messages()
+    prefix, prompt = llm._prompt_ids(chat_dicts(messages, None), with_documents=True)
     assert first["input_tokens"] == len(prefix) + len(prompt) + k
     assert 1 <= first["output_tokens"] <= 5
     assert first["total_tokens"] == first["input_tokens"] + first["output_tokens"]

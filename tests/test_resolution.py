@@ -99,6 +99,7 @@ from tiny import tiny_base  # noqa: E402
 from nugget_rag import NuggetCompressor, NuggetLLM  # noqa: E402
 from nugget_rag.config import DECODER, ENCODER  # noqa: E402
 from nugget_rag.generation import GenerationSettings, generate  # noqa: E402
+from nugget_rag.llm import chat_dicts  # noqa: E402
 from nugget_rag.resolution import (  # noqa: E402
     LexicalRerank,
     QueryLikelihood,
@@ -271,7 +272,7 @@ def test_nugget_llm_reads_each_document_at_its_planned_ratio(compressor, make_mo
     # The same as generating from those states directly.
     whole = compressor.states([TEXTS[0]], 1.0, adapter=None)
     skims = compressor.states(TEXTS[1:], 10.0)
-    prefix, prompt = llm._prompt_ids([HumanMessage(QUESTION)], with_documents=True)
+    prefix, prompt = llm._prompt_ids(chat_dicts([HumanMessage(QUESTION)], None), with_documents=True)
     want = generate(compressor.model, [whole + skims], [prompt], GenerationSettings(max_new_tokens=4),
                     adapter=DECODER, prefixes=[prefix])[0]
     assert answer.content == want
