@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from nugget_rag.base_model import BaseLM, load_base_model, prepare_base_model
 from nugget_rag.cli_options import checkpoint_arg
 from nugget_rag.config import DECODER
 from nugget_rag.eval.speed import QUESTION, no_eos, timed_generation
 from nugget_rag.model import NuggetModel
+from nugget_rag.model.base_model import BaseLM, load_base_model, prepare_base_model
 from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages
 
 MODES = {  # label: (adapter, merged_adapters, merged_format)

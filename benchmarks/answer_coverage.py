@@ -29,7 +29,7 @@ import torch
 from nugget_rag import NuggetModel
 from nugget_rag.corpora import read_squad
 from nugget_rag.eval.tasks import seeded_sample
-from nugget_rag.scorer import select_nuggets
+from nugget_rag.model.scorer import select_nuggets
 from nugget_rag.train.warm_start import importance_targets
 
 

@@ -1,5 +1,5 @@
 """How far int8 weights move the model: next-token KL to float32 and top-1 agreement, teacher-forced over dev
-SQuAD paragraphs, for this project's weight-only int8 (nugget_rag/int8.py), torch's dynamic int8 quantisation
+SQuAD paragraphs, for this project's weight-only int8 (nugget_rag/model/int8.py), torch's dynamic int8 quantisation
 (weights and inputs) and bfloat16 weights. The base model alone: the adapters add nothing to the question.
 
     python benchmarks/int8_weights.py --paragraphs 12 --threads 2
@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nugget_rag.base_model import load_base_model
 from nugget_rag.corpora import read_squad
-from nugget_rag.int8 import Int8Linear
+from nugget_rag.model.base_model import load_base_model
+from nugget_rag.model.int8 import Int8Linear
 
 
 def int8_rows(model: nn.Module) -> nn.Module:

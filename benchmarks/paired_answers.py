@@ -18,9 +18,9 @@ import argparse
 import json
 from pathlib import Path
 
-from nugget_rag.base_model import load_base_model
-from nugget_rag.metrics import answer_correct, paired_difference
-from nugget_rag.text import ends_sentence, first_repeat
+from nugget_rag.eval.metrics import answer_correct, paired_difference
+from nugget_rag.generation.text import ends_sentence, first_repeat
+from nugget_rag.model.base_model import load_base_model
 
 
 def load(spec: str) -> dict[str, dict[str, dict]]:

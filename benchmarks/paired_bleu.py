@@ -15,7 +15,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from nugget_rag.metrics import paired_difference
+from nugget_rag.eval.metrics import paired_difference
 
 
 def load(path: Path) -> dict[tuple[float, str], dict]:

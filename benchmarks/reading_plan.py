@@ -18,8 +18,8 @@ import json
 import math
 from pathlib import Path
 
-from nugget_rag.base_model import load_base_model
-from nugget_rag.metrics import answer_correct, paired_difference
+from nugget_rag.eval.metrics import answer_correct, paired_difference
+from nugget_rag.model.base_model import load_base_model
 
 ONE, TWO = "likelihood_select", "likelihood_select_top2"
 STOPS = {"none": [], "blank line": ["\n\n"], "new line": ["\n"]}

@@ -48,10 +48,10 @@ from pathlib import Path
 import torch
 
 from nugget_rag import NuggetModel
-from nugget_rag.batching import BatchedGenerator
 from nugget_rag.config import DECODER
 from nugget_rag.corpora import read_squad
 from nugget_rag.generation import GenerationSettings
+from nugget_rag.generation.batching import BatchedGenerator
 from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad-dev-v1.1.json"

@@ -53,9 +53,9 @@ from langchain_core.embeddings import Embeddings
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
-from nugget_rag.base_model import convert_default_model, prepare_base_model
 from nugget_rag.integrations import NuggetIndex, embedding_name, minilm_embeddings
 from nugget_rag.integrations.index_files import NUGGETS_DIR
+from nugget_rag.model.base_model import convert_default_model, prepare_base_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -283,7 +283,7 @@ def query_rows(index_dir: Path, redis_url: str, embeddings_name: str, questions:
     import ray
     from ray import serve
 
-    from nugget_rag.integrations.ray_serve import APP_NAME, RayServeOptions, serve_index
+    from nugget_rag.serving.ray_serve import APP_NAME, RayServeOptions, serve_index
 
     load = {"questions": questions, "requests": args.requests, "clients": args.clients,
             "max_new_tokens": args.max_new_tokens}

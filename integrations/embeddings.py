@@ -7,7 +7,7 @@ from pathlib import Path
 
 from langchain_core.embeddings import Embeddings
 
-from nugget_rag.base_model import quiet_loading
+from nugget_rag.model.base_model import quiet_loading
 
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -15,8 +15,8 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
 from nugget_rag.cancellation import Stop
-from nugget_rag.compressor import NuggetCompressor
-from nugget_rag.store import NuggetStore
+from nugget_rag.components.compressor import NuggetCompressor
+from nugget_rag.state.store import NuggetStore
 
 from . import ingest_pipeline
 from .chunking import split_documents, token_splitter

@@ -30,8 +30,8 @@ from filelock import FileLock, Timeout
 from langchain_core.documents import Document
 
 from nugget_rag.cancellation import check
-from nugget_rag.files import fsync_directory, write_atomic
-from nugget_rag.store import NuggetStore
+from nugget_rag.state.files import fsync_directory, write_atomic
+from nugget_rag.state.store import NuggetStore
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from langchain_core.documents import Document
 from pydantic import BaseModel, Field, field_validator
 
 from nugget_rag.cancellation import check
-from nugget_rag.store import NuggetStore, StoreUnavailableError
+from nugget_rag.state.store import NuggetStore, StoreUnavailableError
 
 from .faiss_store import faiss_vectors
 from .index import NuggetIndex

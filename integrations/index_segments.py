@@ -27,8 +27,8 @@ import numpy as np
 from langchain_core.documents import Document
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from nugget_rag.files import write_atomic
-from nugget_rag.store import NuggetStore, StoreUnavailableError
+from nugget_rag.state.files import write_atomic
+from nugget_rag.state.store import NuggetStore, StoreUnavailableError
 
 from .index_files import IndexFileError
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from langchain_core.embeddings import Embeddings
 
-from nugget_rag.compressor import NuggetCompressor
+from nugget_rag.components.compressor import NuggetCompressor
 
 from .embeddings import MINILM_NAME, embedding_name, minilm_embeddings
 from .vectorstores import store_embeddings

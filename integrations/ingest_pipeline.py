@@ -25,7 +25,7 @@ from langchain_core.embeddings import Embeddings
 from tqdm.auto import tqdm
 
 from nugget_rag.cancellation import Stop, cancellable, check
-from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
+from nugget_rag.components.compressor import METADATA_KEY, NuggetCompressor
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nugget_rag.checkpoint_files import DEFAULT_CHECKPOINT
-from nugget_rag.compressor import NuggetCompressor
-from nugget_rag.store import NuggetStore
+from nugget_rag.components.compressor import NuggetCompressor
+from nugget_rag.model.checkpoint_files import DEFAULT_CHECKPOINT
+from nugget_rag.state.store import NuggetStore
 
 
 def load_compressor(

@@ -23,7 +23,7 @@ from pathlib import Path
 from filelock import FileLock
 from pydantic import BaseModel
 
-from nugget_rag.store import NuggetStore
+from nugget_rag.state.store import NuggetStore
 
 from .index_files import LOCK_FILE, MANIFEST_FILE, index_location, read_manifest, read_records
 from .index_publishing import publish_lock, published_texts

@@ -26,8 +26,8 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 
 from nugget_rag.cancellation import Stop, cancellable
-from nugget_rag.compressor import NuggetCompressor
-from nugget_rag.store import NuggetStore, StoreLocation
+from nugget_rag.components.compressor import NuggetCompressor
+from nugget_rag.state.store import NuggetStore, StoreLocation
 
 from .faiss_store import faiss_of, faiss_vectors
 from .index import NuggetIndex

@@ -9,8 +9,8 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnablePassthrough
 
-from nugget_rag.compressor import METADATA_KEY
-from nugget_rag.llm import NuggetLLM
+from nugget_rag.components.compressor import METADATA_KEY
+from nugget_rag.components.llm import NuggetLLM
 from nugget_rag.resolution import ResolutionPolicy, resolve_policy
 
 from .index import NuggetIndex

@@ -16,7 +16,7 @@ from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel
 from tqdm.auto import tqdm
 
-from nugget_rag.compressor import NuggetCompressor
+from nugget_rag.components.compressor import NuggetCompressor
 from nugget_rag.config import NuggetConfig
 
 from .index import NuggetIndex

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from langchain_core.documents import Document
 
-from nugget_rag.compressor import METADATA_KEY, NuggetCompressor
+from nugget_rag.components.compressor import METADATA_KEY, NuggetCompressor
 
 REVERSE_GREEN = "\x1b[7;32m"
 RESET = "\x1b[0m"

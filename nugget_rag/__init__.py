@@ -3,17 +3,17 @@
 text -> tokens -> encoder + Scorer -> NuggetState (cached in a NuggetStore) -> decoder -> text.
 """
 
-from .autoregressive import NuggetStream
-from .compressor import NuggetCompressor
+from .components.compressor import NuggetCompressor
+from .components.llm import NuggetLLM
+from .components.stream_llm import NuggetStreamLLM
 from .config import LoraSettings, NuggetConfig, StreamSettings
-from .directory_store import DirectoryByteStore
-from .generation import GenerationSettings, generate, stream_generate
-from .llm import NuggetLLM
-from .model import NuggetModel
+from .generation.autoregressive import NuggetStream
+from .generation.decoding import GenerationSettings, generate, stream_generate
+from .model.nugget_model import NuggetModel
 from .prompts import QA_PROMPT, SUMMARY_PROMPT
-from .state import CorruptStateError, NuggetState
-from .store import NuggetStore, StoreUnavailableError
-from .stream_llm import NuggetStreamLLM
+from .state.directory_store import DirectoryByteStore
+from .state.nugget_state import CorruptStateError, NuggetState
+from .state.store import NuggetStore, StoreUnavailableError
 
 __all__ = [
     "CorruptStateError", "DirectoryByteStore", "GenerationSettings", "LoraSettings", "NuggetCompressor",

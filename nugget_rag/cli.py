@@ -42,15 +42,15 @@ from .cli_options import (
     ray_address,
     replica_range,
 )
-from .compressor import NuggetCompressor
-from .llm import NuggetLLM
+from .components.compressor import NuggetCompressor
+from .components.llm import NuggetLLM
 from .resolution import RESOLUTIONS
 
 if TYPE_CHECKING:
     from .integrations.published_index import PublishedIndex
     from .integrations.ray_ingest import RayIngestOptions
     from .integrations.vectorstores import VectorStoreSpec
-    from .model import NuggetModel
+    from .model.nugget_model import NuggetModel
 
 log = logging.getLogger("nugget_rag.cli")
 API_KEY_ENV = "NUGGET_RAG_API_KEY"
@@ -304,7 +304,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"warning: serving on {args.host} without an API key: whoever reaches the port can ask, and write to "
               f"the index through /ingest; set {API_KEY_ENV} or --api-key", file=sys.stderr, flush=True)
     if args.ray is not None:
-        from .integrations.ray_serve import RayServeOptions, serve_index
+        from .serving.ray_serve import RayServeOptions, serve_index
 
         options = RayServeOptions(min_replicas=replicas[0], max_replicas=replicas[1], host=args.host, port=args.port,
                                   target_ongoing_requests=args.target_ongoing or args.max_batch,
@@ -333,7 +333,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from .integrations.index_files import NUGGETS_DIR
     from .serving.ingest_jobs import IngestJobError, reported
     from .serving.job_records import JobRecords
-    from .store import NuggetStore
+    from .state.store import NuggetStore
 
     if (args.action == "resume") != (args.id is not None):
         raise UserError("give `jobs resume ID` (`jobs list` names them), or `jobs list` without an ID")
@@ -414,7 +414,7 @@ def cmd_refloor(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     from .integrations import prune
     from .integrations.index_files import NUGGETS_DIR
-    from .store import NuggetStore
+    from .state.store import NuggetStore
 
     saved = _manifest(args.index).get("nugget_store", "directory")
     if saved.startswith("redis") and not args.store:
@@ -435,7 +435,7 @@ def wait_for_interrupt() -> None:
     """Block until Ctrl-C or SIGTERM (the Ray replicas serve meanwhile), then delete the deployment."""
     from ray import serve
 
-    from .integrations.ray_serve import APP_NAME
+    from .serving.ray_serve import APP_NAME
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop (systemd, Kubernetes) as Ctrl-C
     try:

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
-from .checkpoint_files import DEFAULT_CHECKPOINT
 from .config import ANSWER_NO_REPEAT_NGRAM_SIZE, MergedFormat, NuggetConfig
+from .model.checkpoint_files import DEFAULT_CHECKPOINT
 
 if TYPE_CHECKING:
-    from .store import StoreLocation
+    from .state.store import StoreLocation
 
 # A Ray cluster's address: HOST:PORT (the head's GCS port) or ray://HOST:PORT (Ray Client); "auto" is also taken.
 RAY_ADDRESS = re.compile(r"(ray://)?(?P<host>[^\s:/\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})")
@@ -85,7 +85,7 @@ def replica_range(value: str) -> tuple[int, int | None]:
 
 def redis_store(value: str) -> StoreLocation:
     """--store: a Redis URL, parsed once into the location every command passes down."""
-    from .store import StoreLocation
+    from .state.store import StoreLocation
 
     try:
         location = StoreLocation.parse(value)

@@ -31,14 +31,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .cancellation import check
 from .config import DECODER, ENCODER, PROBE_RATIO, NuggetConfig, nugget_count
-from .text import words
+from .generation.text import words
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
 
-    from .compressor import Compressed, NuggetCompressor
-    from .model import NuggetModel
-    from .state import NuggetState
+    from .components.compressor import Compressed, NuggetCompressor
+    from .model.nugget_model import NuggetModel
+    from .state.nugget_state import NuggetState
 
 PROBE_INSTRUCTION = "Please write a question about the passage above."
 

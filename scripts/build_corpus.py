@@ -47,8 +47,8 @@ from inscriptis.css_profiles import CSS_PROFILES
 from inscriptis.model.config import ParserConfig
 from tqdm import tqdm
 
-from nugget_rag.base_model import DEFAULT_MODEL_NAME, convert_default_model
-from nugget_rag.files import sha256_file
+from nugget_rag.model.base_model import DEFAULT_MODEL_NAME, convert_default_model
+from nugget_rag.state.files import sha256_file
 
 log = logging.getLogger("build_corpus")
 

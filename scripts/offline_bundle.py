@@ -44,7 +44,7 @@ OPTIONAL_IMPORTS = {"opentelemetry", "redis", "cryptography"}
 # What the GPU scripts import (gpu_python.sh proves each importable before anything trains): training, evaluation,
 # the benchmarks, and the modules they import only when they need them.
 GPU_MODULES = ["nugget_rag", "nugget_rag.train.trainer", "nugget_rag.eval.runner",
-               "nugget_rag.eval.tasks", "nugget_rag.eval.speed", "nugget_rag.static_decoding", "datasets", "sacrebleu",
+               "nugget_rag.eval.tasks", "nugget_rag.eval.speed", "nugget_rag.generation.static_decoding", "datasets", "sacrebleu",
                "rouge_score", "matplotlib.pyplot", "yaml", "gguf", "pytest"]
 # What retrieval adds (`--retrieval`: squad_rag and hotpotqa_rag scoring); a script that needs it names these in
 # gpu_python.sh's NEEDS.

@@ -28,8 +28,8 @@ import torch
 from tqdm import tqdm
 
 from nugget_rag import corpora
+from nugget_rag.eval.metrics import answer_correct
 from nugget_rag.generation import GenerationSettings, generate
-from nugget_rag.metrics import answer_correct
 from nugget_rag.model import NuggetModel
 from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages, render_instruction
 

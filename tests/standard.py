@@ -28,6 +28,6 @@ class NuggetLLMSuite:
 class NuggetStreamLLMSuite(NuggetLLMSuite):
     @property
     def chat_model_class(self):
-        from nugget_rag.stream_llm import NuggetStreamLLM
+        from nugget_rag.components.stream_llm import NuggetStreamLLM
 
         return NuggetStreamLLM

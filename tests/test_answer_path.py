@@ -12,8 +12,8 @@ from test_integrations import DOCS, HashEmbeddings
 from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
-from nugget_rag.batching import BatchedGenerator
-from nugget_rag.compressor import METADATA_KEY
+from nugget_rag.components.compressor import METADATA_KEY
+from nugget_rag.generation.batching import BatchedGenerator
 from nugget_rag.integrations import NuggetIndex, build_qa_chain
 from nugget_rag.resolution import QueryLikelihood, UniformResolution
 

@@ -9,7 +9,7 @@ from tiny import tiny_base
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE
 from nugget_rag.generation import GenerationSettings, generate
-from nugget_rag.text import first_repeat
+from nugget_rag.generation.text import first_repeat
 
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
          "Sourdough bread needs flour, water, salt and a starter culture."]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nugget_rag import attention
-from nugget_rag.attention import BiasChannelNuggets, ReadNuggets
+from nugget_rag.model.attention import BiasChannelNuggets, ReadNuggets
 
 DOCS = ["The quick brown fox jumps over the lazy dog, then naps.", "Paris is the capital of France.",
         "Rivers run to the sea and the sea never fills."]
@@ -83,7 +83,7 @@ def test_a_nonfinite_bias_is_refused_and_padding_never_carries_inf():
 
 
 def test_left_padded_tokens_under_fused_attention_are_read_under_the_mask(make_model, doc_ids, monkeypatch):
-    from nugget_rag.layout import NuggetLayout
+    from nugget_rag.model.layout import NuggetLayout
 
     model = make_model(ratio=2)
     with torch.no_grad():

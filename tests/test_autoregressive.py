@@ -5,9 +5,9 @@ import torch
 from pydantic import ValidationError
 from tiny import tiny_base, tiny_tokenizer
 
-from nugget_rag.autoregressive import NuggetStream, StreamSettings, TextChunks, calibrate_threshold
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.generation import GenerationSettings
+from nugget_rag.generation.autoregressive import NuggetStream, StreamSettings, TextChunks, calibrate_threshold
 from nugget_rag.model import NuggetModel
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny import tiny_base
 
-from nugget_rag.base_model import _remove_stale_conversions, load_base_model, pick_device
+from nugget_rag.model.base_model import _remove_stale_conversions, load_base_model, pick_device
 
 
 def test_a_pickle_checkpoint_is_refused_and_a_safetensors_one_loads(tmp_path):
@@ -57,7 +57,7 @@ def test_a_tokenizer_without_chat_template_gets_a_plain_prompt_with_bos(caplog):
 def test_a_conversion_counts_as_current_only_for_its_gguf(tmp_path):
     import json
 
-    from nugget_rag.base_model import SOURCE_FILE, _converted_from
+    from nugget_rag.model.base_model import SOURCE_FILE, _converted_from
 
     source = {"gguf": "m.gguf", "bytes": 10, "name": "M"}
     assert not _converted_from(tmp_path, source)

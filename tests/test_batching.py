@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from nugget_rag import generation
-from nugget_rag.batching import BatchedGenerator, RequestCancelled
 from nugget_rag.generation import GenerationSettings, eos_ids, generate, generation_steps
+from nugget_rag.generation.batching import BatchedGenerator, RequestCancelled
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.",
          "A stitch in time saves nine.", "Water boils at one hundred degrees."]

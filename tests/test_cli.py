@@ -13,8 +13,8 @@ from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore, cli, cli_options
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE
+from nugget_rag.generation.text import first_repeat
 from nugget_rag.integrations import NuggetIndex, build_qa_chain
-from nugget_rag.text import first_repeat
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 from standard import NuggetLLMSuite
 
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore
-from nugget_rag.base_model import DEFAULT_MODEL_NAME, load_base_model
+from nugget_rag.model.base_model import DEFAULT_MODEL_NAME, load_base_model
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def test_r1_nuggets_reproduce_the_base_model(compressor):
 
 
 def test_autoregressive_mode_at_r1_without_adapters_is_the_base_model(compressor):
-    from nugget_rag.autoregressive import NuggetStream
+    from nugget_rag.generation.autoregressive import NuggetStream
 
     model, tok = compressor.model, compressor.model.tokenizer
     ids = tok(" ".join(d.page_content for d in DOCS) * 3, add_special_tokens=False)["input_ids"]
@@ -94,7 +94,7 @@ def test_non_llama_checkpoint_is_refused(tmp_path):
 
 def test_the_shipped_checkpoint_is_loaded_by_default(compressor):
     """The package ships trained adapters and Scorer for the default model (untrained LoRA B matrices are zero)."""
-    from nugget_rag.checkpoint_files import SHIPPED_CHECKPOINT
+    from nugget_rag.model.checkpoint_files import SHIPPED_CHECKPOINT
 
     assert SHIPPED_CHECKPOINT.is_dir(), "the wheel must ship nugget_rag/checkpoints (MODEL_CARD.md)"
     model = compressor.model
@@ -105,7 +105,7 @@ def test_the_shipped_checkpoint_is_loaded_by_default(compressor):
 
 def test_nuggets_in_the_user_turn_take_the_documents_place_in_fulls_prompt(compressor):
     """With SmolLM2's template (a default system turn): opening + document + rest is Full's prompt, token for token."""
-    from nugget_rag.layout import prompt_around_documents
+    from nugget_rag.model.layout import prompt_around_documents
     from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages
 
     tok = compressor.model.tokenizer

@@ -7,9 +7,9 @@ import torch
 from test_train import LENGTHS, config, source, tiny_model
 from tiny import tiny_base, tiny_tokenizer
 
-from nugget_rag.base_model import prepare_base_model
-from nugget_rag.checkpoint_files import read_checkpoint_meta
 from nugget_rag.config import DECODER, ENCODER
+from nugget_rag.model.base_model import prepare_base_model
+from nugget_rag.model.checkpoint_files import read_checkpoint_meta
 from nugget_rag.train.config import Distillation
 from nugget_rag.train.data import ExampleBuilder, build_examples, teacher_length
 from nugget_rag.train.distill import Teacher, kl_loss

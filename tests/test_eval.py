@@ -21,7 +21,7 @@ from nugget_rag.eval.systems.kvzip import reconstruction_passes
 from nugget_rag.eval.systems.peers import peer_python
 from nugget_rag.eval.systems.resolution import PolicyReading
 from nugget_rag.eval.tasks import load_task
-from nugget_rag.text import first_repeat
+from nugget_rag.generation.text import first_repeat
 
 ALL_TASKS = ["squad", "cnndm", "autoencoding", "lm", "hotpotqa", "long_cnndm"]
 KIND = {"squad": "qa", "cnndm": "summarization", "autoencoding": "autoencoding", "lm": "lm", "hotpotqa": "qa",

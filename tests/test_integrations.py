@@ -31,8 +31,8 @@ from nugget_rag.integrations import (
     render_terminal,
 )
 from nugget_rag.integrations.embeddings import MINILM_NAME
+from nugget_rag.model.scorer import select_nuggets
 from nugget_rag.resolution import RetrieverRank
-from nugget_rag.scorer import select_nuggets
 
 DOCS = [
     Document(page_content="The falcon hunts over the river valley. Falcons dive at great speed to catch pigeons. "

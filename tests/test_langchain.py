@@ -14,9 +14,9 @@ from standard import NuggetLLMSuite
 from tiny import tiny_base
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
-from nugget_rag.compressor import METADATA_KEY
+from nugget_rag.components.compressor import METADATA_KEY
+from nugget_rag.components.llm import chat_dicts
 from nugget_rag.generation import GenerationSettings
-from nugget_rag.llm import chat_dicts
 from nugget_rag.prompts import SUMMARY_PROMPT
 
 TEXTS = ["Paris is the capital of France.", "Berlin is the capital of Germany, on the Spree."]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nugget_rag.metrics import answer_correct, bleu, normalize_answer, rouge
+from nugget_rag.eval.metrics import answer_correct, bleu, normalize_answer, rouge
 
 
 @pytest.mark.parametrize("text, expected", [

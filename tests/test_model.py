@@ -10,12 +10,12 @@ import torch
 from safetensors import safe_open
 from tiny import tiny_base
 
-from nugget_rag.attention import rotate_keys
-from nugget_rag.checkpoint_files import WEIGHTS_FILE
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.generation import GenerationSettings, generate, stream_generate
-from nugget_rag.int8 import MAX_INT8_ROWS, Int8Linear
 from nugget_rag.model import NuggetModel
+from nugget_rag.model.attention import rotate_keys
+from nugget_rag.model.checkpoint_files import WEIGHTS_FILE
+from nugget_rag.model.int8 import MAX_INT8_ROWS, Int8Linear
 
 DOC = "The quick brown fox jumps over the lazy dog, then naps."
 DOC2 = "Paris is the capital of France."
@@ -258,7 +258,7 @@ def test_training_states_skip_the_weights_digest_and_are_never_stored(make_model
     """A training pass's weights change every step: hashing them into each state would cost a device-to-host copy
     of the encoder adapter per micro-batch. Its states equal the identified ones but cannot be stored."""
     from nugget_rag import identity
-    from nugget_rag.store import NuggetStore
+    from nugget_rag.state.store import NuggetStore
 
     model = make_model(ratio=4)
     doc = doc_ids(DOC)
@@ -418,8 +418,8 @@ def test_untrained_model_is_the_same_in_every_process():
 
 
 def test_default_checkpoint_is_the_shipped_one_only_on_the_default_model(make_model, tmp_path, monkeypatch):
-    import nugget_rag.checkpoint_files as checkpoint_files
-    from nugget_rag.base_model import DEFAULT_MODEL_NAME, BaseLM
+    import nugget_rag.model.checkpoint_files as checkpoint_files
+    from nugget_rag.model.base_model import DEFAULT_MODEL_NAME, BaseLM
 
     monkeypatch.setattr(checkpoint_files, "SHIPPED_CHECKPOINT", tmp_path / "missing")
     assert checkpoint_files.default_checkpoint_for(None) is None  # nothing shipped: untrained
@@ -484,7 +484,7 @@ def test_prompt_prefix_trains_the_decoder_adapter_only(make_model, doc_ids):
 def test_checkpoints_record_the_placement_and_older_ones_read_before_the_prompt(make_model, tmp_path):
     import json
 
-    from nugget_rag.checkpoint_files import CONFIG_FILE, SHIPPED_CHECKPOINT, read_checkpoint_meta
+    from nugget_rag.model.checkpoint_files import CONFIG_FILE, SHIPPED_CHECKPOINT, read_checkpoint_meta
 
     make_model().save_pretrained(tmp_path)
     meta = json.loads((tmp_path / CONFIG_FILE).read_text())

@@ -20,7 +20,7 @@ from nugget_rag.integrations.index_files import IndexFileError
 from nugget_rag.integrations.index_publishing import PublishOptions
 from nugget_rag.integrations.index_segments import pointer_key, segment_key, version_key
 from nugget_rag.integrations.published_index import PublishedIndex
-from nugget_rag.store import StoreLocation
+from nugget_rag.state.store import StoreLocation
 
 TOPICS = ["falcon hunts pigeons over cliffs", "sourdough bread rises overnight", "jupiter storm spot moons",
           "glacier melts into valley lakes", "violin strings need rosin", "tomato plants want sunlight",

@@ -30,7 +30,7 @@ from nugget_rag.integrations.ray_ingest import (  # noqa: E402
     RayIngestOptions,
     ingest_distributed,
 )
-from nugget_rag.store import STATE_KEY  # noqa: E402
+from nugget_rag.state.store import STATE_KEY  # noqa: E402
 
 TESTS = Path(__file__).parent
 CHUNKING = {"chunk_tokens": 64, "chunk_overlap": 8}

@@ -29,13 +29,13 @@ from tiny import tiny_base  # noqa: E402
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching, cli  # noqa: E402
 from nugget_rag.integrations.published_index import PublishedIndex  # noqa: E402
 from nugget_rag.integrations.ray_ingest import ModelMismatchError  # noqa: E402
-from nugget_rag.integrations.ray_serve import (  # noqa: E402
+from nugget_rag.serving import create_app  # noqa: E402
+from nugget_rag.serving.ray_serve import (  # noqa: E402
     APP_NAME,
     REPLICA_HEADER,
     RayServeOptions,
     serve_index,
 )
-from nugget_rag.serving import create_app  # noqa: E402
 
 TESTS = Path(__file__).parent
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",

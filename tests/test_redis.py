@@ -158,7 +158,7 @@ def test_a_store_opens_at_its_parsed_location_under_its_prefix(server):
     from langchain_core.documents import Document
 
     from nugget_rag.serving.ingest_jobs import IngestJob, JobRecords
-    from nugget_rag.store import StoreLocation
+    from nugget_rag.state.store import StoreLocation
 
     location = StoreLocation.parse(f"{server.url}?namespace=docs")
     store = location.open()

@@ -97,9 +97,9 @@ from langchain_core.messages import HumanMessage  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetLLM  # noqa: E402
+from nugget_rag.components.llm import chat_dicts  # noqa: E402
 from nugget_rag.config import DECODER, ENCODER  # noqa: E402
 from nugget_rag.generation import GenerationSettings, generate  # noqa: E402
-from nugget_rag.llm import chat_dicts  # noqa: E402
 from nugget_rag.resolution import (  # noqa: E402
     LexicalRerank,
     QueryLikelihood,
@@ -317,7 +317,7 @@ def test_a_ranked_state_cut_to_a_coarser_floor_reads_the_same(make_model, doc_id
 
 def test_states_stored_in_reading_order_by_earlier_versions_keep_working(compressor, monkeypatch, tmp_path):
     import nugget_rag.state as state_module
-    from nugget_rag.store import NuggetStore
+    from nugget_rag.state.store import NuggetStore
 
     store = NuggetStore(directory=tmp_path)
     with torch.no_grad():

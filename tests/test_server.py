@@ -31,11 +31,11 @@ from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore,
 from nugget_rag.cancellation import current_stop  # noqa: E402
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE  # noqa: E402
 from nugget_rag.generation import eos_ids  # noqa: E402
+from nugget_rag.generation.text import first_repeat  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
 from nugget_rag.resolution import QueryLikelihood  # noqa: E402
 from nugget_rag.serving import DirectoryIndex, MemoryIndex, create_app  # noqa: E402
 from nugget_rag.serving.ingest_jobs import IngestJob, JobRecords  # noqa: E402
-from nugget_rag.text import first_repeat  # noqa: E402
 
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
          "Sourdough bread needs flour, water, salt and a starter culture."]

@@ -13,9 +13,9 @@ import torch
 from langchain_core.stores import InMemoryByteStore
 from langchain_tests.integration_tests import BaseStoreAsyncTests, BaseStoreSyncTests
 
-from nugget_rag.directory_store import DirectoryByteStore
 from nugget_rag.state import CorruptStateError, NuggetState
-from nugget_rag.store import NuggetStore, StoreLocation
+from nugget_rag.state.directory_store import DirectoryByteStore
+from nugget_rag.state.store import NuggetStore, StoreLocation
 
 
 def make_state(fingerprint: str = "fp", k: int = 3, seed: int = 0) -> NuggetState:
@@ -114,7 +114,7 @@ def test_corrupt_file_is_detected_and_overwritten_by_put(tmp_path, caplog, damag
     damage(entry_path(tmp_path, key))
 
     store = NuggetStore(directory=tmp_path)
-    with caplog.at_level(logging.WARNING, logger="nugget_rag.store"):
+    with caplog.at_level(logging.WARNING, logger="nugget_rag.state.store"):
         assert store.get("doc", "fp") is None
     assert store.stats["corrupt"] == 1
     assert any(key in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
@@ -130,7 +130,7 @@ def test_entry_with_wrong_fingerprint_is_corrupt(caplog):
     key = NuggetStore.key("doc", "fp")
     shared.mset([(key, make_state("someone-else").to_bytes())])
     store = NuggetStore(byte_store=shared)
-    with caplog.at_level(logging.WARNING, logger="nugget_rag.store"):
+    with caplog.at_level(logging.WARNING, logger="nugget_rag.state.store"):
         assert store.get("doc", "fp") is None
     assert store.stats["corrupt"] == 1
     assert "someone-else" in caplog.text and key in caplog.text
@@ -347,7 +347,7 @@ def _digested(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes:
     """Well-formed bytes with a valid digest: what a buggy or hostile writer could leave."""
     from safetensors.torch import save as save_tensors
 
-    from nugget_rag.state import _digest
+    from nugget_rag.state.nugget_state import _digest
 
     return save_tensors(tensors, metadata={**meta, "digest": _digest(tensors, meta)})
 
@@ -396,7 +396,7 @@ def test_states_of_the_first_format_still_load():
 
     from safetensors.torch import save as save_tensors
 
-    from nugget_rag.state import _digest
+    from nugget_rag.state.nugget_state import _digest
 
     state = make_state("fp")
     tensors = {"keys": state.keys, "values": state.values, "positions": state.positions, "scores": state.scores}

@@ -7,9 +7,9 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from standard import NuggetStreamLLMSuite
 from tiny import tiny_base
 
+from nugget_rag.components.stream_llm import NuggetStreamLLM
 from nugget_rag.config import NuggetConfig
 from nugget_rag.model import NuggetModel
-from nugget_rag.stream_llm import NuggetStreamLLM
 
 READING = {"window": 16, "segment": 16}
 

@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from nugget_rag.base_model import BaseLM, prepare_base_model
+from nugget_rag.model.base_model import BaseLM, prepare_base_model
 
 SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (

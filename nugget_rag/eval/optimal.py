@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..attention import CaptureNuggets
 from ..config import DECODER, ENCODER
-from ..scorer import select_nuggets
-from ..state import NuggetState
+from ..model.attention import CaptureNuggets
+from ..model.scorer import select_nuggets
+from ..state.nugget_state import NuggetState
 from .systems.base import Env
 from .tasks import load_task
 

@@ -14,10 +14,10 @@ import json
 import logging
 from pathlib import Path
 
-from ..checkpoint_files import DEFAULT_CHECKPOINT, WEIGHTS_FILE, default_checkpoint_for
 from ..config import PROBE_RATIO
-from ..files import write_atomic
+from ..model.checkpoint_files import DEFAULT_CHECKPOINT, WEIGHTS_FILE, default_checkpoint_for
 from ..prompts import QA_PROMPT
+from ..state.files import write_atomic
 from .config import EvalConfig
 from .tasks import TaskData
 

@@ -13,8 +13,8 @@ from typing import NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from ..generation import GenerationSettings, generate
-from ..model import NuggetModel
+from ..generation.decoding import GenerationSettings, generate
+from ..model.nugget_model import NuggetModel
 from .config import TASKS, EvalConfig
 from .resume import checkpoint_name, done, load_previous, merge_previous, save_progress, task_setup
 from .systems import SYSTEMS, Env, Reading, Skipped, System, get_system
@@ -38,7 +38,7 @@ def machine_description(model: NuggetModel) -> str:
 
 
 def load_models(cfg: EvalConfig) -> tuple[NuggetModel, NuggetModel | None, str | None]:
-    from ..base_model import convert_default_model
+    from ..model.base_model import convert_default_model
 
     model = NuggetModel.from_pretrained(cfg.checkpoint, base_model=cfg.base_model, device=cfg.device, dtype=cfg.dtype)
     model.merged_format = cfg.weights

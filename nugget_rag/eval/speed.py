@@ -25,14 +25,14 @@ from typing import TypeVar
 
 import torch
 
-from .. import generation
-from ..compressor import NuggetCompressor
+from ..components.compressor import NuggetCompressor
 from ..corpora import read_documents
-from ..generation import GenerationSettings, stream_generate
+from ..generation import decoding as generation
+from ..generation.decoding import GenerationSettings, stream_generate
 from ..prompts import QA_PROMPT, chat_token_ids, full_context_messages
 from ..resolution import default_resolution
-from ..state import KV_FORMATS
-from ..store import NuggetStore
+from ..state.nugget_state import KV_FORMATS
+from ..state.store import NuggetStore
 from .systems.base import Env
 
 QUESTION = "What does this module do?"

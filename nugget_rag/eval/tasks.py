@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..corpora import DataError, read_documents, read_hotpotqa, read_squad, read_summarization
-from ..metrics import answer_correct, bleu, rouge
 from ..prompts import SUMMARY_PROMPT, chat_token_ids, full_context_messages, render_instruction
 from .config import EvalConfig
+from .metrics import answer_correct, bleu, rouge
 from .rag import retrieved
 from .systems.base import Query
 

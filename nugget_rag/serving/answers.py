@@ -15,8 +15,8 @@ from langchain_core.documents import Document
 from langchain_core.runnables import Runnable, RunnableLambda
 
 from ..cancellation import RequestCancelled, cancellable, check
+from ..components.llm import NuggetLLM
 from ..integrations import build_qa_chain, reading_view
-from ..llm import NuggetLLM
 from .admission import Slot, watched
 from .errors import failure
 from .request_models import AskRequest

@@ -26,8 +26,8 @@ from typing import Literal
 from langchain_core.documents import Document
 from pydantic import BaseModel, Field, ValidationError
 
-from ..files import write_atomic
-from ..store import NuggetStore
+from ..state.files import write_atomic
+from ..state.store import NuggetStore
 
 log = logging.getLogger(__name__)
 

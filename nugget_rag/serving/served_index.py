@@ -1,7 +1,7 @@
 """The index a server answers over (`ServedIndex`): the version a question reads, and how documents are added.
 
 Implemented by the index a process keeps (local_index.py: in memory, or saved in a directory), by the index other
-processes publish, and by a Ray Serve replica's index (integrations/ray_serve.py). Each version `current()`
+processes publish, and by a Ray Serve replica's index (ray_serve.py). Each version `current()`
 returns is read whole: an ingest builds the next version beside it and publishes it once it is complete.
 """
 
@@ -12,7 +12,7 @@ from typing import Protocol
 from langchain_core.documents import Document
 
 from ..cancellation import Stop
-from ..compressor import NuggetCompressor
+from ..components.compressor import NuggetCompressor
 from ..integrations.index import NuggetIndex
 
 

@@ -10,8 +10,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..batching import BatchedGenerator
-from ..compressor import NuggetCompressor
+from ..components.compressor import NuggetCompressor
+from ..generation.batching import BatchedGenerator
 from .admission import Slots
 from .ingest_jobs import IngestJobs
 from .job_records import JobRecords

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..files import fsync_directory
+from ..state.files import fsync_directory
 
 log = logging.getLogger(__name__)
 

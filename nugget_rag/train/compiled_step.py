@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from ..attention import CaptureNuggets
 from ..config import DECODER, ENCODER, nugget_count
-from ..layout import compose_fixed
-from ..model import NuggetModel
-from ..prefix_rows import PrefixRows
-from ..scorer import select_fixed
+from ..model.attention import CaptureNuggets
+from ..model.layout import compose_fixed
+from ..model.nugget_model import NuggetModel
+from ..model.prefix_rows import PrefixRows
+from ..model.scorer import select_fixed
 from .data import Batch
 from .objectives import OBJECTIVES
 from .sources import Lengths, Source

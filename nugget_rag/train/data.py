@@ -34,9 +34,9 @@ from transformers import PreTrainedTokenizerBase
 
 from .. import corpora
 from ..config import nugget_count
-from ..identity import tokenizer_digest
-from ..layout import document_opening, prompt_around_documents
-from ..packing import first_fit
+from ..model.identity import tokenizer_digest
+from ..model.layout import document_opening, prompt_around_documents
+from ..model.packing import first_fit
 from ..prompts import (
     chat_token_ids,
     full_context_messages,

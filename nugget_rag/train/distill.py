@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..base_model import BaseLM
-from ..layout import decoder_positions, pad
-from ..model import NuggetModel
+from ..model.base_model import BaseLM
+from ..model.layout import decoder_positions, pad
+from ..model.nugget_model import NuggetModel
 from .config import Distillation
 from .data import Batch
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..config import LEGACY_PLACEMENT, NuggetConfig
-from ..files import sha256_file
+from ..state.files import sha256_file
 from .config import TrainConfig
 
 TOTALS = ("updates", "examples", "tokens")

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..autoregressive import NuggetStream
 from ..config import DECODER, ENCODER, StreamSettings
-from ..model import NuggetModel
+from ..generation.autoregressive import NuggetStream
+from ..model.nugget_model import NuggetModel
 from .compiled_step import CompiledStep
 from .config import Distillation
 from .data import Batch

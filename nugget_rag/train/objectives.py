@@ -12,9 +12,9 @@ from typing import ClassVar, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
-from ..metrics import answer_correct, bleu, rouge
+from ..eval.metrics import answer_correct, bleu, rouge
+from ..generation.text import words
 from ..prompts import QA_PROMPT, SUMMARY_PROMPT, render_instruction
-from ..text import words
 from .sources import Lengths, Source
 
 

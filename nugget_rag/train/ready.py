@@ -17,7 +17,7 @@ from pathlib import Path
 import datasets
 
 from ..corpora import DataError
-from ..files import sha256_file, write_atomic
+from ..state.files import sha256_file, write_atomic
 from .data import ExampleBuilder
 
 READY_FILE = "ready.json"

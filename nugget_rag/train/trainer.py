@@ -21,12 +21,12 @@ from datasets import Dataset
 from pydantic import TypeAdapter
 from tqdm.auto import tqdm
 
-from ..base_model import load_base_model
-from ..checkpoint_files import DEFAULT_CHECKPOINT, checkpoint_config, default_checkpoint_for, read_checkpoint_meta
 from ..config import DECODER, ENCODER, NuggetConfig
-from ..files import write_atomic
-from ..generation import GenerationSettings, generate
-from ..model import NuggetModel
+from ..generation.decoding import GenerationSettings, generate
+from ..model.base_model import load_base_model
+from ..model.checkpoint_files import DEFAULT_CHECKPOINT, checkpoint_config, default_checkpoint_for, read_checkpoint_meta
+from ..model.nugget_model import NuggetModel
+from ..state.files import write_atomic
 from . import checkpoint, lineage
 from .compiled_step import CompiledStep, compile_layers, tensor_learning_rates
 from .config import TrainConfig

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from ..eval.systems._kv import frozen_pass
 from ..eval.systems.kvzip import reconstruction_passes
 from ..eval.systems.observed_attention import observed_scores
-from ..model import NuggetModel
+from ..model.nugget_model import NuggetModel
 from .config import WarmStartSignal
 from .data import Mixture
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...attention import CaptureNuggets, rotate_keys
-from ...model import NuggetModel
-from ...state import NuggetState
+from ...model.attention import CaptureNuggets, rotate_keys
+from ...model.nugget_model import NuggetModel
+from ...state.nugget_state import NuggetState
 from .base import budget
 
 

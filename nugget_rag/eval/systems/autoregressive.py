@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ...autoregressive import NuggetStream
 from ...config import DECODER, StreamSettings
+from ...generation.autoregressive import NuggetStream
 from .base import Env, Reading, Skipped, System, per_document, register
 
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from ...config import PROBE_RATIO
 from ...prompts import chat_token_ids, full_context_messages
-from ...state import NuggetState
+from ...state.nugget_state import NuggetState
 
 if TYPE_CHECKING:
-    from ...model import NuggetModel
+    from ...model.nugget_model import NuggetModel
 
 Kind = Literal["qa", "summarization", "autoencoding", "lm"]
 ALL_KINDS: frozenset[str] = frozenset({"qa", "summarization", "autoencoding", "lm"})

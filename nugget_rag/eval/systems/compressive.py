@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ...attention import rotate_keys
-from ...state import NuggetState
+from ...model.attention import rotate_keys
+from ...state.nugget_state import NuggetState
 from ._kv import frozen_pass
 from .base import Env, Reading, Reimplementation, budget, document_readings, register
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ...generation import GenerationSettings, generate
+from ...generation.decoding import GenerationSettings, generate
 from ...prompts import LMSUMM_PROMPT, chat_token_ids
 from .base import Env, Reading, Skipped, System, register
 

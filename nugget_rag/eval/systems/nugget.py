@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...compressor import NuggetCompressor
+from ...components.compressor import NuggetCompressor
 from ...config import DECODER, ENCODER
 from .base import Env, Reading, System, document_readings, register
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from ...compressor import NuggetCompressor
+from ...components.compressor import NuggetCompressor
 from ...resolution import POLICIES, ResolutionPolicy, default_resolution
 from .base import Env, Reading, Skipped, System, register
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..config import LEGACY_PLACEMENT, NuggetConfig
 from .base_model import DEFAULT_MODEL_NAME, BaseLM
-from .config import LEGACY_PLACEMENT, NuggetConfig
 
 CONFIG_FILE = "nugget_config.json"
 WEIGHTS_FILE = "nugget.safetensors"
 CHECKPOINT_FORMAT = "nugget-rag/checkpoint-v1"
 DEFAULT_CHECKPOINT = "default"
 # The adapters and Scorer shipped for the default base model (MODEL_CARD.md); `DEFAULT_CHECKPOINT` names them.
-SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "smollm2-135m-instruct-r10"
+SHIPPED_CHECKPOINT = Path(__file__).parents[1] / "checkpoints" / "smollm2-135m-instruct-r10"
 
 
 def write_checkpoint(directory: str | Path, parts: dict[str, dict[str, torch.Tensor]], meta: dict,

@@ -19,7 +19,7 @@ import torch
 from transformers import StaticCache
 
 if TYPE_CHECKING:
-    from .model import NuggetModel
+    from ..model.nugget_model import NuggetModel
 
 CAPACITY_STEP = 256  # caches are sized in steps of this many positions, so that similar requests share one graph
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..config import DECODER
+from ..state.nugget_state import NuggetState
 from .attention import CaptureNuggets
-from .config import DECODER
-from .state import NuggetState
 
 Prefix = tuple[int, ...]
 

@@ -17,12 +17,12 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from .autoregressive import NuggetStream
-from .checkpoint_files import DEFAULT_CHECKPOINT
-from .config import StreamSettings
+from ..config import StreamSettings
+from ..generation.autoregressive import NuggetStream
+from ..model.checkpoint_files import DEFAULT_CHECKPOINT
+from ..model.nugget_model import NuggetModel
+from ..prompts import chat_token_ids
 from .llm import GenerationOptions, chat_dicts
-from .model import NuggetModel
-from .prompts import chat_token_ids
 
 
 class NuggetStreamLLM(GenerationOptions, BaseChatModel):

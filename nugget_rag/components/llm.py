@@ -14,13 +14,13 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .batching import BatchedGenerator
+from ..config import ANSWER_NO_REPEAT_NGRAM_SIZE, DECODER
+from ..generation.batching import BatchedGenerator
+from ..generation.decoding import GenerationSettings, RowSteps, generation_steps
+from ..model.nugget_model import NuggetModel
+from ..prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction, takes_question
+from ..resolution import ResolutionPolicy, UniformResolution, default_resolution, resolve_policy
 from .compressor import NuggetCompressor, as_documents
-from .config import ANSWER_NO_REPEAT_NGRAM_SIZE, DECODER
-from .generation import GenerationSettings, RowSteps, generation_steps
-from .model import NuggetModel
-from .prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction, takes_question
-from .resolution import ResolutionPolicy, UniformResolution, default_resolution, resolve_policy
 
 DOCUMENTS_KEY = "documents"
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "chat": "user"}

@@ -11,10 +11,10 @@ from typing import Self
 import torch
 from torch import nn
 
+from ..config import DECODER, ENCODER, NuggetConfig
 from . import checkpoint_files as ckpt
 from .adapters import Adapters
 from .base_model import DEFAULT_MODEL_NAME, BaseLM, load_base_model
-from .config import DECODER, ENCODER, NuggetConfig
 from .scorer import Scorer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import nugget_count
+from ..config import nugget_count
 
 
 class Scorer(nn.Module):

@@ -18,13 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import DECODER, ENCODER, Decoding, MergedFormat, NuggetConfig
+from ..state.nugget_state import UNIDENTIFIED, NuggetState
 from . import layout as positions
 from .adapters import Adapters
 from .attention import CaptureNuggets, ReadNuggets
 from .attention import install as install_attention
 from .base_model import BaseLM
-from .config import DECODER, ENCODER, Decoding, MergedFormat, NuggetConfig
-from .identity import UNIDENTIFIED, Identity, base_digest
+from .identity import Identity, base_digest
 from .int8 import check_int8_support
 from .layout import NuggetLayout
 from .packing import EncoderRows
@@ -32,7 +33,6 @@ from .persistence import Persistence
 from .prefix_cache import PrefixCache, PromptPrefixes
 from .prefix_rows import PrefixRows
 from .scorer import Scorer, rank_nuggets, select_nuggets
-from .state import NuggetState
 
 PREFIX_CACHE_SIZE = 8  # prompt openings kept between queries (one per system prompt in use, typically)
 

@@ -17,8 +17,8 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..config import DECODER, ENCODER, LoraSettings, MergedFormat
 from .base_model import quiet_loading
-from .config import DECODER, ENCODER, LoraSettings, MergedFormat
 from .int8 import Int8Linear
 
 

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from ..prompts import chat_text, chat_token_ids
+from ..state.nugget_state import NuggetState
 from .attention import BiasChannelNuggets, ReadNuggets, rotate_keys
 from .prefix_rows import PrefixRows, ReadWithPrefixRows
-from .prompts import chat_text, chat_token_ids
-from .state import NuggetState
 
 # Stands for the documents while a chat is rendered; a private-use character no real text carries.
 DOCUMENTS_MARK = "\ue000documents\ue000"

@@ -12,7 +12,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from .config import nugget_count
+from ..config import nugget_count
+
+UNIDENTIFIED = "unidentified"  # the fingerprint name of states from a training pass (compress(identify=False))
 
 FORMAT = "nugget-rag/state-v3"
 # v1: float32 keys and values, no kv_format; v2: no floor (every state in reading order)

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .cancellation import RequestCancelled, current_stop
-from .config import DECODER
-from .generation import GenerationSettings, RowSteps, generation_steps
-from .model import NuggetModel
-from .state import NuggetState
+from ..cancellation import RequestCancelled, current_stop
+from ..config import DECODER
+from ..model.nugget_model import NuggetModel
+from ..state.nugget_state import NuggetState
+from .decoding import GenerationSettings, RowSteps, generation_steps
 
 _END = object()
 

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import ReadAndRecord, rotate_keys
-from .config import NuggetConfig, StreamSettings
-from .generation import GenerationSettings, TextTracker, eos_ids, next_token
-from .layout import no_states
-from .model import NuggetModel
-from .scorer import select_nuggets
-from .state import NuggetState
+from ..config import NuggetConfig, StreamSettings
+from ..model.attention import ReadAndRecord, rotate_keys
+from ..model.layout import no_states
+from ..model.nugget_model import NuggetModel
+from ..model.scorer import select_nuggets
+from ..state.nugget_state import NuggetState
+from .decoding import GenerationSettings, TextTracker, eos_ids, next_token
 
 log = logging.getLogger(__name__)
 

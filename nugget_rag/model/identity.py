@@ -13,12 +13,10 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from ..config import ENCODER, MergedFormat, NuggetConfig
+from ..state.nugget_state import NuggetState
 from .adapters import Adapters, weights_version
-from .config import ENCODER, MergedFormat, NuggetConfig
 from .scorer import Scorer
-from .state import NuggetState
-
-UNIDENTIFIED = "unidentified"  # the fingerprint name of states from a training pass (compress(identify=False))
 
 
 def base_digest(model: nn.Module) -> str:

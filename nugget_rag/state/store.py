@@ -19,8 +19,7 @@ from langchain_core.stores import ByteStore
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .directory_store import DirectoryByteStore
-from .identity import UNIDENTIFIED
-from .state import CorruptStateError, NuggetState
+from .nugget_state import UNIDENTIFIED, CorruptStateError, NuggetState
 
 logger = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from langchain_core.stores import BaseStore
 from pydantic import ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
-from .cancellation import check
-from .checkpoint_files import DEFAULT_CHECKPOINT
-from .config import ENCODER, PROBE_RATIO, NuggetConfig
-from .model import NuggetModel
-from .state import KVFormat, NuggetState
-from .store import NuggetStore
+from ..cancellation import check
+from ..config import ENCODER, PROBE_RATIO, NuggetConfig
+from ..model.checkpoint_files import DEFAULT_CHECKPOINT
+from ..model.nugget_model import NuggetModel
+from ..state.nugget_state import KVFormat, NuggetState
+from ..state.store import NuggetStore
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from .cancellation import check
-from .config import DECODER, Decoding
-from .layout import NuggetLayout, decoder_positions
-from .model import NuggetModel
-from .state import NuggetState
+from ..cancellation import check
+from ..config import DECODER, Decoding
+from ..model.layout import NuggetLayout, decoder_positions
+from ..model.nugget_model import NuggetModel
+from ..state.nugget_state import NuggetState
 from .static_decoding import StaticDecoding
 from .text import ends_sentence
 

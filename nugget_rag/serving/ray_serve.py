@@ -33,17 +33,14 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nugget_rag.cancellation import Stop
-from nugget_rag.compressor import NuggetCompressor
-from nugget_rag.config import MergedFormat
-from nugget_rag.model import NuggetModel
-from nugget_rag.store import StoreLocation
-
-from .index import NuggetIndex
-from .index_files import MANIFEST_FILE, IndexFileError, read_manifest
-from .ingest_pipeline import ingest
-from .published_index import PublishedIndex, published_manifest
-from .ray_ingest import (
+from ..cancellation import Stop
+from ..components.compressor import NuggetCompressor
+from ..config import MergedFormat
+from ..integrations.index import NuggetIndex
+from ..integrations.index_files import MANIFEST_FILE, IndexFileError, read_manifest
+from ..integrations.ingest_pipeline import ingest
+from ..integrations.published_index import PublishedIndex, published_manifest
+from ..integrations.ray_ingest import (
     COMPRESSOR_SETTINGS,
     ModelLoader,
     ModelMismatchError,
@@ -52,7 +49,10 @@ from .ray_ingest import (
     connect,
     shared_location,
 )
-from .vectorstores import VectorStoreSpec
+from ..integrations.vectorstores import VectorStoreSpec
+from ..model import NuggetModel
+from ..state.store import StoreLocation
+from .app import create_app
 
 try:
     import ray
@@ -234,8 +234,6 @@ class NuggetReplica:
         self.name = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):
-        from nugget_rag.serving import create_app
-
         return _named(create_app(self.index, **self.spec.app), self.name)
 
 

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..state.nugget_state import NuggetState
 from .attention import ReadNuggets
-from .state import NuggetState
 
 PLACEHOLDER = "prompt-prefix-row"  # the fingerprint of a head slot's placeholder (never stored, never checked)
 
