@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nugget_rag import attention
+from nugget_rag.model import attention
 from nugget_rag.model.attention import BiasChannelNuggets, ReadNuggets
 
 DOCS = ["The quick brown fox jumps over the lazy dog, then naps.", "Paris is the capital of France.",

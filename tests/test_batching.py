@@ -6,8 +6,8 @@ import threading
 import pytest
 import torch
 
-from nugget_rag import generation
 from nugget_rag.generation import GenerationSettings, eos_ids, generate, generation_steps
+from nugget_rag.generation import decoding as generation
 from nugget_rag.generation.batching import BatchedGenerator, RequestCancelled
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.",

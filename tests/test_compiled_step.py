@@ -10,9 +10,8 @@ import torch
 from test_train import NUGGET, config, gradients, source, tiny_model
 from tiny import tiny_base
 
-from nugget_rag import attention
 from nugget_rag.config import NuggetConfig, nugget_count
-from nugget_rag.model import NuggetModel
+from nugget_rag.model import NuggetModel, attention
 from nugget_rag.model.scorer import select_fixed, select_nuggets
 from nugget_rag.train import compiled_step
 from nugget_rag.train.compiled_step import CompiledStep

@@ -257,7 +257,7 @@ def test_fingerprint_tracks_what_produces_nuggets(make_model):
 def test_training_states_skip_the_weights_digest_and_are_never_stored(make_model, doc_ids, monkeypatch):
     """A training pass's weights change every step: hashing them into each state would cost a device-to-host copy
     of the encoder adapter per micro-batch. Its states equal the identified ones but cannot be stored."""
-    from nugget_rag import identity
+    from nugget_rag.model import identity
     from nugget_rag.state.store import NuggetStore
 
     model = make_model(ratio=4)
@@ -303,7 +303,7 @@ def test_generation_matches_transformers_generate(make_model, doc_ids):
 def test_generation_from_a_prefilled_cache_equals_the_nugget_mask_path(make_model, doc_ids, monkeypatch):
     """Nuggets as the first entries of a DynamicCache (standard attention) give the hidden states of every step that
     the nugget mask gives; rows of different nugget counts and prompt lengths (padding on both sides)."""
-    from nugget_rag import generation
+    from nugget_rag.generation import decoding as generation
 
     model = make_model()
     with torch.no_grad():
@@ -698,7 +698,7 @@ def test_states_of_another_base_model_are_refused(make_model, doc_ids):
 def test_masked_grouped_heads_repeated_as_on_cuda_give_the_same_pass(make_model, doc_ids, monkeypatch):
     """On CUDA the decoder repeats grouped key/value heads (SDPA's fused kernels take a mask or groups, not both):
     the same loss and gradients as SDPA's own grouping."""
-    from nugget_rag import attention
+    from nugget_rag.model import attention
 
     model = make_model(ratio=3)
     assert model.llama.config.num_key_value_heads < model.llama.config.num_attention_heads
@@ -711,7 +711,7 @@ def test_masked_grouped_heads_repeated_as_on_cuda_give_the_same_pass(make_model,
 
 def test_nugget_passes_spare_transformers_building_a_mask(make_model, doc_ids, monkeypatch):
     """Nugget forwards bring their own mask; a padded decode must not also build (and drop) transformers' one."""
-    from nugget_rag import attention
+    from nugget_rag.model import attention
 
     built = []
     real = attention.sdpa_mask

@@ -26,7 +26,8 @@ from pydantic import BaseModel  # noqa: E402
 from test_integrations import HashEmbeddings  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching, cli  # noqa: E402
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, cli  # noqa: E402
+from nugget_rag.generation import batching  # noqa: E402
 from nugget_rag.integrations.published_index import PublishedIndex  # noqa: E402
 from nugget_rag.integrations.ray_ingest import ModelMismatchError  # noqa: E402
 from nugget_rag.serving import create_app  # noqa: E402

@@ -316,7 +316,7 @@ def test_a_ranked_state_cut_to_a_coarser_floor_reads_the_same(make_model, doc_id
 
 
 def test_states_stored_in_reading_order_by_earlier_versions_keep_working(compressor, monkeypatch, tmp_path):
-    import nugget_rag.state as state_module
+    import nugget_rag.state.nugget_state as state_module
     from nugget_rag.state.store import NuggetStore
 
     store = NuggetStore(directory=tmp_path)

@@ -27,10 +27,14 @@ from langchain_core.documents import Document  # noqa: E402
 from test_integrations import HashEmbeddings  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, batching, generation  # noqa: E402
+from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore  # noqa: E402
 from nugget_rag.cancellation import current_stop  # noqa: E402
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE  # noqa: E402
-from nugget_rag.generation import eos_ids  # noqa: E402
+from nugget_rag.generation import (
+    batching,  # noqa: E402
+    eos_ids,  # noqa: E402
+)
+from nugget_rag.generation import decoding as generation  # noqa: E402
 from nugget_rag.generation.text import first_repeat  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
 from nugget_rag.resolution import QueryLikelihood  # noqa: E402

@@ -5,8 +5,8 @@ import itertools
 import pytest
 import torch
 
-from nugget_rag import generation
 from nugget_rag.generation import GenerationSettings, eos_ids, generate, generation_steps
+from nugget_rag.generation import decoding as generation
 from nugget_rag.generation.static_decoding import CAPACITY_STEP, StaticDecoding
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.",

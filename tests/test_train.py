@@ -13,11 +13,10 @@ from pydantic import ValidationError
 from tiny import perturb_adapters, tiny_base
 from torch.utils.flop_counter import FlopCounterMode
 
-from nugget_rag import attention
 from nugget_rag.cli import build_parser, main
 from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.corpora import DataError
-from nugget_rag.model import NuggetModel
+from nugget_rag.model import NuggetModel, attention
 from nugget_rag.train import loss, objectives
 from nugget_rag.train.checkpoint import checkpoints
 from nugget_rag.train.cli import load_config
