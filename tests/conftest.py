@@ -58,3 +58,14 @@ def data(tmp_path):
          "answers": [{"text": texts[5 * a + p].split()[0]}]}]} for p in range(5)]} for a in range(2)]}
     (folder / "rag.json").write_text(json.dumps(rag))
     return folder
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A Redis server shared by a module's tests (a module that wants one per test defines its own)."""
+    from redis_server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()

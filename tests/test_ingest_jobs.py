@@ -38,7 +38,7 @@ def records(request, tmp_path) -> JobRecords:
         return JobRecords(NuggetStore())
     if request.param == "directory":
         return JobRecords(NuggetStore(directory=tmp_path / "store"))
-    from test_redis import RedisServer  # skips, saying why, where redis-server or the client is missing
+    from redis_server import RedisServer  # skips, saying why, where redis-server or the client is missing
 
     server = RedisServer(tmp_path)
     server.start()
@@ -321,7 +321,7 @@ def call(url: str, body: dict | None = None) -> dict:
 
 @pytest.fixture
 def redis_url(tmp_path):
-    from test_redis import RedisServer  # skips, saying why, where redis-server or the client is missing
+    from redis_server import RedisServer  # skips, saying why, where redis-server or the client is missing
 
     server = RedisServer(tmp_path)
     server.start()

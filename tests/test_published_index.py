@@ -39,7 +39,7 @@ def redis_url(tmp_path):
     pytest.importorskip("redis", reason="the redis client is not installed (pip install redis)")
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    from test_redis import RedisServer
+    from redis_server import RedisServer
 
     server = RedisServer(tmp_path)
     server.start()
@@ -216,7 +216,7 @@ def test_concurrent_ingests_through_two_handles_both_land(model, redis_url, tmp_
 
 # ---------------------------------------------------------------------------------------------- bad input
 def test_a_store_that_does_not_answer_is_named(model, redis_url, tmp_path):
-    from test_redis import free_port
+    from redis_server import free_port
 
     down = f"redis://127.0.0.1:{free_port()}/0"
     with pytest.raises(StoreUnavailableError, match=f"cannot reach Redis at {down}"):

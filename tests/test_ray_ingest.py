@@ -7,7 +7,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +17,7 @@ pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install '
 
 import faiss  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
+from redis_server import free_port  # noqa: E402
 from test_integrations import DOCS, HashEmbeddings  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
@@ -74,11 +74,6 @@ def computed(log: Path) -> Counter:
     return Counter(log.read_text().split()) if log.exists() else Counter()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -87,15 +82,6 @@ def cluster():
     yield
     ray.shutdown()
 
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    from test_redis import RedisServer  # skips, saying why, where redis-server or the client is missing
-
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server.url
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import http.client
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
 
 from fastapi.testclient import TestClient  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
+from redis_server import free_port  # noqa: E402
 from test_integrations import HashEmbeddings  # noqa: E402
 from tiny import tiny_base  # noqa: E402
 
@@ -67,20 +67,6 @@ def tiny_compressor(store: NuggetStore, seed: int = 0) -> NuggetCompressor:
     return NuggetCompressor(model=TinyLoader(seed=seed)(), store=store)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    from test_redis import RedisServer  # skips, saying why, where redis-server or the client is missing
-
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server.url
-    server.stop()
 
 
 @pytest.fixture(scope="module")

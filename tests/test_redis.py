@@ -1,7 +1,6 @@
 """A NuggetStore shared through a real Redis server (Debian's redis-server, started per test on a free port)."""
 
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ redis = pytest.importorskip("redis", reason="the redis client is not installed (
 if shutil.which("redis-server") is None:
     pytest.skip("redis-server is not installed (apt-get install redis-server)", allow_module_level=True)
 
+from redis_server import RedisServer, free_port  # noqa: E402, F401
 from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, StoreUnavailableError  # noqa: E402
@@ -29,40 +29,6 @@ WRITER = textwrap.dedent("""
     NuggetCompressor(model=model, store=store).invoke({texts!r})
     print(store.stats["writes"])
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class RedisServer:
-    def __init__(self, directory: Path):
-        self.directory, self.port = directory, free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-             "--save", "", "--appendonly", "yes", "--appendfsync", "always"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        for _ in range(100):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(10)
-            self.process = None
 
 
 @pytest.fixture

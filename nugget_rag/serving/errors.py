@@ -14,12 +14,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..cancellation import RequestCancelled
 from .admission import ClientGone
-from .ingest_jobs import IngestJobError, JobConflict, JobNotFound, JobsUnavailable
+from .ingest_jobs import IngestJobError, JobConflict, JobNotFound, JobNotResumable, JobsUnavailable
 from .state import app_state
 
 log = logging.getLogger(__name__)
 
-JOB_ERROR_STATUS = {JobNotFound: 404, JobConflict: 409, JobsUnavailable: 503}  # ingest_jobs.py's errors
+JOB_ERROR_STATUS = {JobNotFound: 404, JobConflict: 409, JobNotResumable: 409, JobsUnavailable: 503}  # ingest_jobs.py's errors
 
 
 def failure(err: Exception, request_timeout_s: float) -> tuple[int, str]:

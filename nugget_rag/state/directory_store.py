@@ -12,7 +12,7 @@ from langchain_core.stores import ByteStore
 from .files import write_atomic
 
 _HEX_KEY = re.compile(r"[0-9a-f][0-9a-f._-]*")  # NuggetStore's keys (sha256 digests): stored under their own name
-ESCAPED_FOLDER = "keys"  # any other key, escaped; no hex shard has this name, nor ingest_jobs.py's jobs/
+ESCAPED_FOLDER = "keys"  # any other key, escaped; no hex shard has this name, nor job_records.py's jobs/
 _SAFE = frozenset(b"0123456789abcdefghijklmnopqrstuvwxyz_-")  # bytes an escaped name keeps as they are
 _ESCAPED_NAME = re.compile(r"=(?:[0-9a-z_-]|%[0-9a-f]{2})*")
 MAX_NAME_BYTES = 240  # 255, a file name's limit on common file systems, less the temporary name's "~" and 8 more
