@@ -1,4 +1,5 @@
-"""The core install stays lean: the library and the CLI's parser load none of the extras' packages."""
+"""The core install stays lean: the library and the CLI's parser load none of the extras' packages; a wheel holds
+every subpackage."""
 
 import subprocess
 import sys
@@ -22,3 +23,11 @@ def test_core_dependencies_leave_the_extras_out():
     core = {d.split(">")[0].split("<")[0].split("=")[0].strip() for d in project["dependencies"]}
     assert not core & {"faiss-cpu", "datasets", "matplotlib", "sentence-transformers", "langchain-community", "redis"}
     assert {"retrieval", "train", "eval", "redis", "serve", "ray", "all", "dev"} <= set(project["optional-dependencies"])
+
+
+def test_the_wheel_lists_every_subpackage():
+    root = Path(__file__).parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(root).parts) for init in (root / "nugget_rag").rglob("__init__.py")
+             if "integrations" not in init.parts}  # integrations/ is mapped in by package-dir
+    assert found - listed == set(), f"pyproject.toml's packages leave out {sorted(found - listed)}"
