@@ -21,6 +21,7 @@ serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip
 pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
 
 from fastapi.testclient import TestClient  # noqa: E402
+from langchain_core.documents import Document  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from redis_server import free_port  # noqa: E402
 from test_integrations import HashEmbeddings  # noqa: E402
@@ -274,3 +275,31 @@ def test_scaling_from_1_to_2_replicas_under_a_stream_of_questions_loses_none(ser
     failed = [answer for answer in answers if answer[0] != 200 or not answer[2]["answer"] or not answer[2]["sources"]]
     assert not failed and 3 <= before < scaled, failed[:3]  # answered before and during the redeploy
     assert len({name for _, name, _ in answers[scaled:]}) == 2 and running_replicas() == 2
+
+
+def test_a_replica_over_a_directory_reads_each_save_and_ingests_under_its_lock(tmp_path, monkeypatch):
+    """The directory path without a cluster: the replica's index follows what another process saves, its ingest
+    (the pipeline in-process here, in place of Ray Data) is saved for every replica, and a stopped one saves nothing."""
+    from nugget_rag.cancellation import RequestCancelled
+    from nugget_rag.integrations import NuggetIndex
+    from nugget_rag.integrations.ingest_pipeline import ingest
+    from nugget_rag.serving import ray_serve
+    from nugget_rag.serving.ray_serve import ReplicaIndex, replica_spec
+
+    compressor = tiny_compressor(NuggetStore(directory=tmp_path / "store"))
+    directory = tmp_path / "index"
+    NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=8).save(directory)
+    spec = replica_spec(directory, compressor, HashEmbeddings(), RayServeOptions(), model=TinyLoader(), app={})
+    replica = ReplicaIndex(spec, compressor)
+    assert len(replica) == 0 and replica.location == str(directory.resolve())
+
+    with NuggetIndex.updating(directory, compressor, HashEmbeddings()) as other:  # another replica's ingest
+        other.ingest([Document(page_content=TEXTS[0])])
+    assert len(replica) == 1
+
+    monkeypatch.setattr(ray_serve, "ingest_on_ray", lambda spec, index, documents, stop: ingest(index, documents, stop))
+    assert replica.ingest([Document(page_content=TEXTS[1])], lambda: False) == 1
+    assert len(replica) == 2 and len(NuggetIndex.open(directory, compressor, HashEmbeddings())) == 2
+    with pytest.raises(RequestCancelled):
+        replica.ingest([Document(page_content="A third text that is never saved.")], lambda: True)
+    assert len(NuggetIndex.open(directory, compressor, HashEmbeddings())) == 2

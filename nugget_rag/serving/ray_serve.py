@@ -127,13 +127,15 @@ class ReplicaSpec(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------- a replica
-class SharedIndex:
-    """The index saved in a directory that other processes update: each use reads the one saved last (the manifest's
-    stat tells; it is replaced whole on every save). Otherwise a NuggetIndex, on one compressor throughout."""
+class ReplicaIndex:
+    """A replica's served index over a directory every node mounts (nugget_rag.serving's ServedIndex): each use reads
+    the index saved last (the manifest's stat tells; it is replaced whole on every save); an ingest runs on Ray Data
+    under the directory's lock, and every replica reads its result once saved."""
 
-    def __init__(self, directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings,
-                 vectorstore: VectorStore | None = None):
-        self.directory, self.compressor, self.embeddings = Path(directory), compressor, embeddings
+    def __init__(self, spec: ReplicaSpec, compressor: NuggetCompressor, vectorstore: VectorStore | None = None):
+        self.spec, self.compressor, self.embeddings = spec, compressor, spec.embeddings
+        self.directory = Path(spec.index_dir)
+        self.location = str(spec.index_dir)
         self.user_vectorstore = vectorstore
         self._lock = threading.Lock()
         self._stamp: tuple | None = ()
@@ -170,11 +172,18 @@ class SharedIndex:
         log.info("loaded the index in %s: %d chunks", self.directory, len(index))
         return index
 
+    def ingest(self, documents: list[Document], stop: Stop) -> int:
+        index = self.current()
+        settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
+                    "vectorstore": self.user_vectorstore}
+        with NuggetIndex.updating(self.directory, self.compressor, self.embeddings,
+                                  **settings) as updated:  # stopped, the copy is not saved
+            added = ingest_on_ray(self.spec, updated, documents, stop)
+        self.current()  # this replica's next answer reads it
+        return added
+
     def __len__(self) -> int:
         return len(self.current())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.current(), name)
 
 
 def ingest_on_ray(spec: ReplicaSpec, index: NuggetIndex, documents: list[Document], stop: Stop | None = None) -> int:
@@ -184,32 +193,6 @@ def ingest_on_ray(spec: ReplicaSpec, index: NuggetIndex, documents: list[Documen
     workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
     stage = RayCompression(options.model_copy(update={"workers": workers}), spec.load_model)
     return ingest(index, documents, stop, stage=stage)
-
-
-class ReplicaIndex:
-    """A replica's served index over an index directory (nugget_rag.serving's ServedIndex): questions read the index
-    saved last (SharedIndex); an ingest runs on Ray Data under the directory's lock, and every replica reads its
-    result once saved."""
-
-    def __init__(self, shared: SharedIndex, spec: ReplicaSpec):
-        self.shared, self.spec, self.compressor = shared, spec, shared.compressor
-        self.location = str(spec.index_dir)
-
-    def current(self) -> NuggetIndex:
-        return self.shared.current()
-
-    def ingest(self, documents: list[Document], stop: Stop) -> int:
-        index = self.shared.current()
-        settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
-                    "vectorstore": self.shared.user_vectorstore}
-        with NuggetIndex.updating(self.spec.index_dir, self.compressor, self.spec.embeddings,
-                                  **settings) as updated:  # stopped, the copy is not saved
-            added = ingest_on_ray(self.spec, updated, documents, stop)
-        self.shared.current()  # this replica's next answer reads it
-        return added
-
-    def __len__(self) -> int:
-        return len(self.shared.current())
 
 
 class NuggetReplica:
@@ -230,7 +213,7 @@ class NuggetReplica:
                                                                        pipeline=partial(ingest_on_ray, spec))
         else:
             vectorstore = None if spec.vectorstore is None else spec.vectorstore.build(spec.embeddings)
-            self.index = ReplicaIndex(SharedIndex(spec.index_dir, compressor, spec.embeddings, vectorstore), spec)
+            self.index = ReplicaIndex(spec, compressor, vectorstore)
         self.name = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):
@@ -310,4 +293,4 @@ def serve_index(index_dir: str | Path | None, compressor: NuggetCompressor, embe
 
 
 __all__ = ["APP_NAME", "REPLICA_HEADER", "NuggetReplica", "RayServeOptions", "ReplicaIndex", "ReplicaSpec",
-           "SharedIndex", "check_index_model", "ingest_on_ray", "replica_spec", "serve_index"]
+           "check_index_model", "ingest_on_ray", "replica_spec", "serve_index"]
