@@ -266,7 +266,7 @@ def test_scaling_from_1_to_2_replicas_under_a_stream_of_questions_loses_none(ser
             time.sleep(0.05)
         before = len(answers)
         deploy(2)
-        scaled = len(answers)
+        scaled, deadline = len(answers), time.monotonic() + 600  # both new replicas answer: counted from their start
         while len({name for _, name, _ in answers[scaled:]}) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         stop.set()
