@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
@@ -125,10 +125,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         raise UserError("--workers and --gpus-per-worker are for an ingest on Ray: add --ray [ADDRESS]")
     elif not (docs := load_documents(args.paths)):
         raise UserError(f"no text found in {', '.join(args.paths)}")
+    if args.index is None:
+        if args.store is None:
+            raise UserError("ingest needs --index DIR (a local index) or --store REDIS_URL (publish into the index "
+                            "there, which `nugget-rag ask/serve --store` read)")
+        return _ingest_published(args, docs if args.ray is None else load_documents(args.paths))
     manifest = read_manifest(args.index)
     if manifest is not None:
         if args.ratio is not None and args.ratio != manifest.get("ratio"):
-            raise UserError(f"the index in {args.index} holds nuggets at r = {manifest.get('ratio')}; "
+            raise UserError(f"the index in {args.index} holds nuggets at r = {manifest.get('ratio'):g}; "
                             f"ingest into a new --index directory to use r = {args.ratio}")
         args.ratio = manifest.get("ratio")
     compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
@@ -136,11 +141,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.keep_ratio is not None:
         compressor = compressor.model_copy(update={"keep_ratio": args.keep_ratio})
     written = compressor.store.stats["bytes_written"]
-    options = {"show_progress": not args.quiet}
-    if args.chunk_tokens is not None:
-        options["chunk_tokens"] = args.chunk_tokens
-    if args.chunk_overlap is not None:
-        options["chunk_overlap"] = args.chunk_overlap
+    options = chunking_options(args)
     embeddings = load_embeddings(args)
     options["vectorstore"] = load_vectorstore(args, embeddings)
     with NuggetIndex.updating(args.index, compressor, embeddings, **options) as index:
@@ -168,6 +169,34 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         size = f"{written / 2**20:.1f} MiB" if written >= 2**20 else f"{written / 2**10:.1f} KiB"
         print(f"Stored {size}, {written / max(stats['tokens'], 1):,.0f} bytes a token: nuggets "
               f"kept down to r = {compressor.keep_ratio:g}, {text} text states ({compressor.kv_format})")
+    return 0
+
+
+def chunking_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The index settings ingest's options give: progress, and chunking when named."""
+    options: dict[str, Any] = {"show_progress": not args.quiet}
+    if args.chunk_tokens is not None:
+        options["chunk_tokens"] = args.chunk_tokens
+    if args.chunk_overlap is not None:
+        options["chunk_overlap"] = args.chunk_overlap
+    return options
+
+
+def _ingest_published(args: argparse.Namespace, docs: list) -> int:
+    """ingest --store without --index: add `docs` to the index published in the store, as a new version."""
+    if not docs:
+        raise UserError(f"no text found in {', '.join(args.paths)}")
+    pipeline = None
+    if args.ray is not None:
+        from .integrations.ray_ingest import ingest_distributed
+
+        def pipeline(index, documents):  # compress on the Ray workers, publish from here
+            return ingest_distributed(index, documents, ray_options(args), model=ray_model_loader(args))
+
+    index = published_index(args, pipeline=pipeline, **chunking_options(args))
+    added = index.ingest(docs)
+    print(f"Ingested {len(docs)} documents ({added} new chunks) into {index.where}: version "
+          f"{index.record.version if index.record else 0}, {len(index)} chunks in all")
     return 0
 
 
@@ -218,19 +247,28 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def published_index(args: argparse.Namespace) -> PublishedIndex:
+def published_index(args: argparse.Namespace, **settings: Any) -> PublishedIndex:
     """The index published in the Redis of --store (integrations/published_index.py), its segments cached on this
-    machine, read with the model and settings it was published with."""
+    machine, read with the model and settings it was published with (a first publish: --ratio's, or the model's);
+    `settings` are PublishedIndex's."""
     from .integrations.published_index import PublishedIndex, cache_directory, published_manifest
 
     if args.vectorstore is not None:
         raise UserError("--vectorstore: an index published in --store keeps its vectors in the store; a vector store "
                         "of your own is read with --index DIR, the directory it was ingested into")
-    args.ratio = (published_manifest(args.store.open()) or {}).get("ratio")  # the nuggets it was built with
+    manifest = published_manifest(args.store.open())
+    ratio = getattr(args, "ratio", None)
+    if manifest is not None and ratio is not None and ratio != manifest.get("ratio"):
+        raise UserError(f"the index published in {args.store} holds nuggets at r = {manifest.get('ratio'):g}; "
+                        f"ingest into an --index directory to use r = {ratio:g}")
+    args.ratio = ratio if manifest is None else manifest.get("ratio")  # the nuggets it was built with
     compressor = load_compressor(args)
     compressor.text_states = getattr(args, "text_states", False)
-    set_decoder_weights(compressor, args)
-    return PublishedIndex(compressor, load_embeddings(args), cache_dir=cache_directory(args.store))
+    if getattr(args, "keep_ratio", None) is not None:
+        compressor = compressor.model_copy(update={"keep_ratio": args.keep_ratio})
+    if hasattr(args, "weights"):  # ask and serve read with the decoder; ingest does not
+        set_decoder_weights(compressor, args)
+    return PublishedIndex(compressor, load_embeddings(args), cache_dir=cache_directory(args.store), **settings)
 
 
 def _ask_server(args: argparse.Namespace) -> int:
@@ -518,7 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
                                              "(appending to an existing index).")
     ingest.add_argument("paths", nargs="+", metavar="PATH", help="text files, folders (recursively), JSONL files "
                                                                  "({\"text\", \"id\", \"title\", \"source\"} a line)")
-    ingest.add_argument("--index", type=Path, required=True, metavar="DIR", help="index directory")
+    ingest.add_argument("--index", type=Path, metavar="DIR",
+                        help="index directory (default with --store: publish into the index in that Redis)")
     ingest.add_argument("--ratio", type=ratio_arg, help="compression ratio r (default: the model's)")
     ingest.add_argument("--chunk-tokens", type=positive_int, metavar="N", help="tokens per chunk (default 384)")
     ingest.add_argument("--chunk-overlap", type=int, metavar="N", help="tokens shared by neighbours (default 32)")

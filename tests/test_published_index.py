@@ -368,3 +368,31 @@ def test_ask_and_serve_read_the_index_published_in_the_store(model, redis_url, t
     with TestClient(given["app"]) as client:
         assert client.post("/ingest", json={"documents": [DOCS[5].page_content]}).json() == {"added": 1, "chunks": 5}
     assert len(handle(model, redis_url, tmp_path / "b")) == 5
+
+
+def test_ingest_with_a_store_and_no_index_publishes_into_the_store(model, redis_url, tmp_path, monkeypatch, capsys):
+    from nugget_rag import cli
+
+    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: NuggetCompressor(
+        model=model, store=args.store.open(), ratio=args.ratio))
+    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for doc in DOCS[:3]:
+        (folder / f"{doc.metadata['source']}.txt").write_text(doc.page_content)
+    assert cli.main(["ingest", str(folder)]) == 2
+    assert "ingest needs --index DIR (a local index) or --store REDIS_URL" in capsys.readouterr().err
+    ingest = ["ingest", str(folder), "--store", redis_url, "--chunk-tokens", "96", "--chunk-overlap", "0", "-q"]
+    assert cli.main(ingest) == 0
+    assert "Ingested 3 documents (3 new chunks) into the index 'default' published in redis://" in \
+        capsys.readouterr().out
+    reader = handle(model, redis_url, tmp_path / "reader")
+    assert sorted(d.metadata["source"].rsplit("/", 1)[-1] for d in reader.current().documents) == \
+        ["note0.txt", "note1.txt", "note2.txt"]
+    assert cli.main(ingest) == 0 and "(0 new chunks)" in capsys.readouterr().out  # the same files: nothing new
+    assert cli.main([*ingest, "--ratio", "2"]) == 2  # the published nuggets are at r = 4
+    assert "holds nuggets at r = 4; ingest into an --index directory to use r = 2" in capsys.readouterr().err
+    assert cli.main([*ingest[:4], "--chunk-tokens", "64"]) == 2
+    assert "was chunked with chunk_tokens=96, not 64" in capsys.readouterr().err
+    assert len(reader) == 3
