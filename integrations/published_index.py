@@ -171,7 +171,7 @@ class PublishedIndex:
         with cancellable(stop) if stop is not None else nullcontext():
             self.current()
             held = self._held
-            working = self._built(held.index, held.index.documents, self._vectors(held.index))
+            working = held.index.copy()
             added = self.pipeline(working, documents)
             if not added:
                 return 0
