@@ -396,6 +396,8 @@ def test_cli_eval_errors_exit_2(tiny_eval_cli, data_dir, tmp_path, capsys):
     assert cli.main(["eval", "--data-dir", str(tmp_path / "nowhere"), "-q", "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "not found" in err and "Traceback" not in err
+    assert cli.main(["eval", "--data-dir", str(data_dir), "-q", "--rag-passages", "0"]) == 2  # never silently the default
+    assert "rag_passages" in capsys.readouterr().err
 
 
 def test_cli_eval_takes_the_repetition_settings_and_an_ids_file(monkeypatch, model, data_dir, tmp_path, capsys):

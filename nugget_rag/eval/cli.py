@@ -133,37 +133,17 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None
         "resume": args.resume,
         "command": "nugget-rag eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
     }
-    if args.ae_lengths:
-        values["ae_lengths"] = args.ae_lengths
-    if args.long_articles:
-        values["long_articles"] = args.long_articles
-    if args.rag_passages:
-        values["rag_passages"] = args.rag_passages
-    if args.qa_prompt:
-        values["qa_prompt"] = args.qa_prompt
-    if args.keep_ratio is not None:
-        values["keep_ratio"] = args.keep_ratio
-    if args.qa_finish_sentence:
-        values["qa_finish_sentence"] = args.qa_finish_sentence
-    if args.qa_no_repeat_ngram:
-        values["qa_no_repeat_ngram_size"] = args.qa_no_repeat_ngram
-    if args.qa_repetition_penalty is not None:
-        values["qa_repetition_penalty"] = args.qa_repetition_penalty
-    if args.only_ids:
-        values["only_ids"] = _ids_file(args.only_ids)
-    if args.lm_window:
-        values["lm"] = dict(zip(("history", "context", "target"), args.lm_window))
-    speed = {}
-    if args.speed_docs:
-        speed["documents"] = args.speed_docs
-    if args.speed_repeats:
-        speed["repeats"] = args.speed_repeats
-    if args.speed_doc_tokens:
-        speed["doc_tokens"] = args.speed_doc_tokens
-    if args.speed_decode_steps:
-        speed["decode_steps"] = args.speed_decode_steps
-    if args.speed_no_policy:
-        speed["policy"] = False
+    given = {  # the options left out keep EvalConfig's defaults; one given out of range is refused by it
+        "ae_lengths": args.ae_lengths, "long_articles": args.long_articles, "rag_passages": args.rag_passages,
+        "qa_prompt": args.qa_prompt, "keep_ratio": args.keep_ratio, "qa_finish_sentence": args.qa_finish_sentence,
+        "qa_no_repeat_ngram_size": args.qa_no_repeat_ngram, "qa_repetition_penalty": args.qa_repetition_penalty,
+        "only_ids": None if args.only_ids is None else _ids_file(args.only_ids),
+        "lm": None if args.lm_window is None else dict(zip(("history", "context", "target"), args.lm_window)),
+    }
+    values.update({name: value for name, value in given.items() if value is not None})
+    speed = {"documents": args.speed_docs, "repeats": args.speed_repeats, "doc_tokens": args.speed_doc_tokens,
+             "decode_steps": args.speed_decode_steps, "policy": False if args.speed_no_policy else None}
+    speed = {name: value for name, value in speed.items() if value is not None}
     if speed:
         values["speed"] = speed
     cfg = EvalConfig(**values)
