@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 from langchain_core.documents import Document
 from test_integrations import DOCS, HashEmbeddings
-from tiny import tiny_base
+from tiny import tiny_nugget_model
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
+from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore
 from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.generation.batching import BatchedGenerator
 from nugget_rag.integrations import NuggetIndex, build_qa_chain
@@ -43,7 +43,7 @@ class CountingStore(NuggetStore):
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
-    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    model = tiny_nugget_model()
     store = CountingStore(directory=tmp_path_factory.mktemp("store"))
     index = NuggetIndex(NuggetCompressor(model=model, store=store, text_states=True), HashEmbeddings(),
                         chunk_tokens=64, chunk_overlap=8)

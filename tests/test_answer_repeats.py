@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import tiny_base
+from tiny import tiny_nugget_model
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel
+from nugget_rag import NuggetCompressor, NuggetLLM
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE
 from nugget_rag.generation import GenerationSettings, generate
 from nugget_rag.generation.text import first_repeat
@@ -17,7 +17,7 @@ TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
 
 @pytest.fixture(scope="module")
 def compressor():
-    return NuggetCompressor(model=NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4})))
+    return NuggetCompressor(model=tiny_nugget_model())
 
 
 def test_first_repeat_finds_the_token_that_completes_a_repeated_ngram():

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from langchain_core.documents import Document
 from test_integrations import HashEmbeddings
-from tiny import tiny_base
+from tiny import tiny_nugget_model
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, cli
+from nugget_rag import NuggetCompressor, NuggetStore, cli
 from nugget_rag.integrations import NuggetIndex
 from nugget_rag.serving import ingest_jobs
 from nugget_rag.serving.ingest_jobs import IngestJobs, JobConflict, JobNotResumable, server_gone
@@ -218,7 +218,7 @@ def test_jobs_that_ended_or_ingest_elsewhere_are_not_resumed(records):
 
 # ---------------------------------------------------------------------------------------------- nugget-rag jobs
 def tiny_compressor(store: NuggetStore) -> NuggetCompressor:
-    return NuggetCompressor(model=NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4})),
+    return NuggetCompressor(model=tiny_nugget_model(),
                             store=store)
 
 
@@ -251,8 +251,8 @@ import json, os, signal, sys, threading
 sys.path.insert(0, sys.argv[1])
 import uvicorn
 from test_integrations import HashEmbeddings
-from tiny import tiny_base
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
+from tiny import tiny_nugget_model
+from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.serving import ingest_jobs
 from nugget_rag.integrations import NuggetIndex
 from nugget_rag.serving import create_app
@@ -278,7 +278,7 @@ def put_then_stall(text, state):  # after `stall_after` writes: stopped in the m
 
 
 store.put = put_then_stall
-model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+model = tiny_nugget_model()
 index = NuggetIndex.open(index_dir, NuggetCompressor(model=model, store=store), HashEmbeddings(), chunk_tokens=64,
                          chunk_overlap=0)
 signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn raises the signal it stopped on again: the stats follow

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from langchain_core.documents import Document
 from test_integrations import DOCS, HashEmbeddings
-from tiny import tiny_base
+from tiny import tiny_nugget_model
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
+from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.cancellation import RequestCancelled
 from nugget_rag.integrations import NuggetIndex
 from nugget_rag.integrations.ingest_pipeline import compress, embed, ingest, split, unindexed
@@ -16,7 +16,7 @@ from nugget_rag.integrations.ingest_pipeline import compress, embed, ingest, spl
 
 @pytest.fixture
 def index(tmp_path) -> NuggetIndex:
-    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    model = tiny_nugget_model()
     compressor = NuggetCompressor(model=model, store=NuggetStore(directory=tmp_path / "store"))
     return NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=8, batch_size=2)
 

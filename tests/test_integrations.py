@@ -13,9 +13,9 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage
 from langchain_tests.integration_tests import EmbeddingsIntegrationTests, RetrieversIntegrationTests
-from tiny import tiny_base
+from tiny import tiny_nugget_model
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
+from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore
 from nugget_rag.integrations import (
     DocumentLoadError,
     IndexFileError,
@@ -69,7 +69,7 @@ class HashEmbeddings(Embeddings):
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    return NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    return tiny_nugget_model()
 
 
 @pytest.fixture

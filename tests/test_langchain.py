@@ -11,9 +11,9 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_tests.unit_tests import ChatModelUnitTests
 from standard import NuggetLLMSuite
-from tiny import tiny_base
+from tiny import tiny_base, tiny_nugget_model
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore
+from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore
 from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.components.llm import chat_dicts
 from nugget_rag.generation import GenerationSettings
@@ -24,7 +24,7 @@ TEXTS = ["Paris is the capital of France.", "Berlin is the capital of Germany, o
 
 @pytest.fixture(scope="module")
 def compressor():
-    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    model = tiny_nugget_model()
     return NuggetCompressor(model=model)
 
 
@@ -175,7 +175,7 @@ def test_bad_llm_input(compressor):
 
 @pytest.fixture(scope="module")
 def standard_params():
-    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    model = tiny_nugget_model()
     return {"compressor": NuggetCompressor(model=model), "max_new_tokens": 4}
 
 
@@ -301,7 +301,7 @@ def test_non_finite_generation_settings_are_refused(compressor, setting):
 
 
 def test_usage_metadata_counts_prompt_and_nuggets_and_cache_reads():
-    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    model = tiny_nugget_model()
     llm = NuggetLLM(compressor=NuggetCompressor(model=model), max_new_tokens=5, finish_sentence=0,
                    resolution="uniform")
     request = {"documents": TEXTS, "question": "Which capital?"}
@@ -348,7 +348,7 @@ def test_from_pretrained_takes_every_compressor_field_and_a_byte_store(tmp_path)
 
 @pytest.mark.parametrize("kv_format", ["bfloat16", "int8", "int4"])
 def test_compressor_uses_states_exactly_as_the_store_gives_them_back(tmp_path, kv_format):
-    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    model = tiny_nugget_model()
     fresh = NuggetCompressor(model=model, store=NuggetStore(directory=tmp_path), kv_format=kv_format).states(TEXTS)
     again = NuggetCompressor(model=model, store=NuggetStore(directory=tmp_path), kv_format=kv_format).states(TEXTS)
     for a, b in zip(fresh, again):

@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
 from test_integrations import HashEmbeddings  # noqa: E402
 from test_server import KEY, UNAUTHORIZED, basic, serving, slow_steps  # noqa: E402, F401
-from tiny import tiny_base  # noqa: E402
+from tiny import tiny_nugget_model  # noqa: E402
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore  # noqa: E402
+from nugget_rag import NuggetCompressor, NuggetStore  # noqa: E402
 from nugget_rag.integrations import NuggetIndex, nugget_view  # noqa: E402
 from nugget_rag.resolution import RESOLUTIONS  # noqa: E402
 from nugget_rag.serving import create_app  # noqa: E402
@@ -33,7 +33,7 @@ QUESTION = "Where do falcons hunt?"
 
 @pytest.fixture
 def index(tmp_path):
-    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    model = tiny_nugget_model()
     compressor = NuggetCompressor(model=model, store=NuggetStore(directory=tmp_path / "nuggets"))
     index = NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=128, chunk_overlap=0)
     index.ingest([Document(page_content=text, metadata={"source": f"notes-{i}.txt"})

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from langchain_core.documents import Document
 from test_integrations import HashEmbeddings
-from tiny import perturb_adapters, tiny_base
+from tiny import perturb_adapters, tiny_nugget_model
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, StoreUnavailableError
+from nugget_rag import NuggetCompressor, NuggetStore, StoreUnavailableError
 from nugget_rag.cancellation import RequestCancelled
 from nugget_rag.integrations import index_publishing, index_segments, prune
 from nugget_rag.integrations.faiss_store import faiss_vectors
@@ -31,7 +31,7 @@ DOCS = [Document(page_content=f"Note {i}: the {topic}, every single evening.", m
 
 @pytest.fixture(scope="module")
 def model():
-    return NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    return tiny_nugget_model()
 
 
 @pytest.fixture
@@ -231,7 +231,7 @@ def test_a_store_that_does_not_answer_is_named(model, redis_url, tmp_path):
 
 def test_a_version_of_another_model_or_embeddings_is_refused(model, redis_url, tmp_path):
     handle(model, redis_url, tmp_path / "a").ingest(DOCS[:2])
-    other = perturb_adapters(NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4})))
+    other = perturb_adapters(tiny_nugget_model())
     with pytest.raises(ValueError, match=r"'default' published in .* holds nuggets of .* at r = 4.0 \(fingerprint "
                                          r".*not of the model given"):
         handle(other, redis_url, tmp_path / "b")

@@ -14,9 +14,9 @@ if shutil.which("redis-server") is None:
     pytest.skip("redis-server is not installed (apt-get install redis-server)", allow_module_level=True)
 
 from redis_server import RedisServer, free_port  # noqa: E402, F401
-from tiny import tiny_base  # noqa: E402
+from tiny import tiny_base, tiny_nugget_model  # noqa: E402
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, StoreUnavailableError  # noqa: E402
+from nugget_rag import NuggetCompressor, NuggetStore, StoreUnavailableError  # noqa: E402
 
 TEXTS = [f"Document {i}: the river passes the mill {i} times a day." for i in range(6)]
 WRITER = textwrap.dedent("""
@@ -40,7 +40,7 @@ def server(tmp_path):
 
 
 def tiny_compressor(store: NuggetStore) -> NuggetCompressor:
-    return NuggetCompressor(model=NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4})),
+    return NuggetCompressor(model=tiny_nugget_model(),
                             store=store)
 
 

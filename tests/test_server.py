@@ -25,9 +25,9 @@ pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
 from fastapi.testclient import TestClient  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
 from test_integrations import HashEmbeddings  # noqa: E402
-from tiny import tiny_base  # noqa: E402
+from tiny import tiny_nugget_model  # noqa: E402
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore  # noqa: E402
+from nugget_rag import NuggetCompressor, NuggetModel, NuggetStore  # noqa: E402
 from nugget_rag.cancellation import current_stop  # noqa: E402
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE  # noqa: E402
 from nugget_rag.generation import (
@@ -47,7 +47,7 @@ TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
 
 @pytest.fixture
 def index(tmp_path):
-    model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    model = tiny_nugget_model()
     compressor = NuggetCompressor(model=model, store=NuggetStore(directory=tmp_path / "nuggets"))
     return NuggetIndex(compressor, HashEmbeddings(), chunk_tokens=64, chunk_overlap=0)
 
@@ -841,8 +841,8 @@ import torch
 sys.path.insert(0, sys.argv[1])
 from fastapi.testclient import TestClient
 from test_integrations import HashEmbeddings
-from tiny import tiny_base
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
+from tiny import tiny_nugget_model
+from nugget_rag import NuggetCompressor, NuggetModel, NuggetStore
 from nugget_rag.integrations import NuggetIndex
 from nugget_rag.serving import create_app
 
@@ -858,7 +858,7 @@ def busy(*args, **kwargs):  # each batch first computes in torch for 0.5 s
 
 
 NuggetModel.compress = busy
-model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+model = tiny_nugget_model()
 index = NuggetIndex(NuggetCompressor(model=model, store=NuggetStore()), HashEmbeddings(), chunk_overlap=0)
 with TestClient(create_app(index, None)) as client:
     client.post("/ingest/jobs", json={"documents": [f"Note {i} on the mill." for i in range(200)]})

@@ -10,9 +10,9 @@ import pytest
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from test_integrations import DOCS, HashEmbeddings, forbid_compress
-from tiny import tiny_base
+from tiny import tiny_nugget_model
 
-from nugget_rag import NuggetCompressor, NuggetConfig, NuggetLLM, NuggetModel, NuggetStore, cli
+from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore, cli
 from nugget_rag.integrations import NuggetIndex, VectorStoreSpec, build_qa_chain, prune
 from nugget_rag.integrations.index_files import index_location
 
@@ -42,7 +42,7 @@ class NoDeleteStore(InMemoryVectorStore):
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    return NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
+    return tiny_nugget_model()
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from nugget_rag.config import NuggetConfig
+from nugget_rag.model import NuggetModel
 from nugget_rag.model.base_model import BaseLM, prepare_base_model
 
 SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
@@ -42,6 +44,11 @@ def tiny_base(seed: int = 0, layers: int = 4, max_positions: int = 512, init_std
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).float()
     return prepare_base_model(model, tok, "tiny-llama")
+
+
+def tiny_nugget_model() -> NuggetModel:
+    """The tests' usual NuggetModel: a tiny LLaMA, r = 4, the Scorer on layer 2, LoRA rank 4."""
+    return NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={"rank": 4}))
 
 
 def perturb_adapters(model):
