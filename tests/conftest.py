@@ -69,3 +69,19 @@ def redis_url(tmp_path_factory):
     server.start()
     yield server.url
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """The usual tiny NuggetModel (tiny.tiny_nugget_model), one a module."""
+    from tiny import tiny_nugget_model
+
+    return tiny_nugget_model()
+
+
+@pytest.fixture
+def compressor(tiny_model, tmp_path):
+    """A NuggetCompressor of `tiny_model` over a store in the test's folder (modules with other needs define theirs)."""
+    from nugget_rag import NuggetCompressor, NuggetStore
+
+    return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=tmp_path / "store"))

@@ -9,17 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from test_integrations import HashEmbeddings
-from tiny import tiny_nugget_model
 
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore, cli, cli_options
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE
 from nugget_rag.generation.text import first_repeat
 from nugget_rag.integrations import NuggetIndex, build_qa_chain
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    return tiny_nugget_model()
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage
 from langchain_tests.integration_tests import EmbeddingsIntegrationTests, RetrieversIntegrationTests
-from tiny import tiny_nugget_model
 
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore
 from nugget_rag.integrations import (
@@ -65,16 +64,6 @@ class HashEmbeddings(Embeddings):
             vector[hashlib.sha256(word.rstrip("s").encode()).digest()[0] % 64] += 1.0
         norm = math.sqrt(sum(v * v for v in vector)) or 1.0
         return [v / norm for v in vector]
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    return tiny_nugget_model()
-
-
-@pytest.fixture
-def compressor(tiny_model, tmp_path):
-    return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=tmp_path / "store"))
 
 
 @pytest.fixture

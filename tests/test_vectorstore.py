@@ -10,7 +10,6 @@ import pytest
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from test_integrations import DOCS, HashEmbeddings, forbid_compress
-from tiny import tiny_nugget_model
 
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore, cli
 from nugget_rag.integrations import NuggetIndex, VectorStoreSpec, build_qa_chain, prune
@@ -38,16 +37,6 @@ class NoDeleteStore(InMemoryVectorStore):
     """A vector store that cannot delete (VectorStore.delete not implemented)."""
 
     delete = VectorStore.delete
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    return tiny_nugget_model()
-
-
-@pytest.fixture
-def compressor(tiny_model, tmp_path):
-    return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=tmp_path / "store"))
 
 
 @pytest.fixture
