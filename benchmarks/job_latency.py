@@ -20,15 +20,11 @@ import json
 import os
 import platform
 import shlex
-import socket
 import statistics
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,7 +33,7 @@ from langchain_core.documents import Document
 
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.integrations import NuggetIndex
-from nugget_rag.serving import create_app
+from nugget_rag.serving import create_app, serve_in_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -45,26 +41,6 @@ from store_scale import WordHashEmbeddings, tiny_model  # noqa: E402
 
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
          "Sourdough bread needs flour, water, salt and a starter culture."]
-
-
-@contextmanager
-def serving(app) -> Iterator[str]:
-    """`app` served by uvicorn in a thread, on a free loopback port: its base URL."""
-    import uvicorn
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def get(url: str) -> dict:
@@ -96,7 +72,7 @@ def one_run(documents: int, clients: int, idle_questions: int, during_each: int)
                         chunk_tokens=64, chunk_overlap=0)
     index.ingest([Document(page_content=t) for t in TEXTS])
     notes = [f"Note {i}: the falcon number {i} hunts over river {i % 7}." for i in range(documents)]
-    with serving(create_app(index, None)) as url, ThreadPoolExecutor(clients) as pool:
+    with serve_in_thread(create_app(index, None)) as url, ThreadPoolExecutor(clients) as pool:
         idle = list(pool.map(lambda i: ask(url, i), range(idle_questions)))
         with urllib.request.urlopen(post(f"{url}/ingest/jobs", {"documents": notes}), timeout=120) as response:
             job_url = f"{url}{response.headers['Location']}"

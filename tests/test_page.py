@@ -13,13 +13,13 @@ pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
 from fastapi.testclient import TestClient  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
 from test_integrations import HashEmbeddings  # noqa: E402
-from test_server import KEY, UNAUTHORIZED, basic, serving, slow_steps  # noqa: E402, F401
+from test_server import KEY, UNAUTHORIZED, basic, slow_steps  # noqa: E402, F401
 from tiny import tiny_nugget_model  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetStore  # noqa: E402
 from nugget_rag.integrations import NuggetIndex, nugget_view  # noqa: E402
 from nugget_rag.resolution import RESOLUTIONS  # noqa: E402
-from nugget_rag.serving import create_app  # noqa: E402
+from nugget_rag.serving import create_app, serve_in_thread  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -98,7 +98,7 @@ def ask_on(page) -> None:
 
 @pytest.mark.usefixtures("slow_steps")  # decoding at 20 ms a step: the answer streams for a while
 def test_the_page_streams_the_answer_and_shows_each_passage(index, chromium, tmp_path):
-    with serving(create_app(index, None, api_key=KEY)) as url:
+    with serve_in_thread(create_app(index, None, api_key=KEY)) as url:
         asked = {"question": QUESTION, "k": 3, "max_new_tokens": 24, "stream": False, "passages": True}
         request = urllib.request.Request(f"{url}/ask", json.dumps(asked).encode(), method="POST", headers={
             "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})

@@ -10,12 +10,11 @@ import base64
 import http.client
 import itertools
 import json
-import socket
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -38,7 +37,7 @@ from nugget_rag.generation import decoding as generation  # noqa: E402
 from nugget_rag.generation.text import first_repeat  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
 from nugget_rag.resolution import QueryLikelihood  # noqa: E402
-from nugget_rag.serving import DirectoryIndex, MemoryIndex, create_app  # noqa: E402
+from nugget_rag.serving import DirectoryIndex, MemoryIndex, create_app, serve_in_thread  # noqa: E402
 from nugget_rag.serving.ingest_jobs import IngestJob, JobRecords  # noqa: E402
 
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
@@ -56,26 +55,6 @@ def index(tmp_path):
 def client(index, tmp_path):
     with TestClient(create_app(index, tmp_path, max_pending=4, max_body_bytes=100_000)) as client:
         yield client
-
-
-@contextmanager
-def serving(app) -> Iterator[str]:
-    """`app` served by uvicorn in a thread, on a free loopback port: its base URL."""
-    import uvicorn
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def eventually(check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
@@ -194,7 +173,7 @@ def test_200_requests_from_8_clients_all_succeed(index):
             assert response.status == 200
             return response.read()
 
-    with serving(create_app(index, None, max_pending=64)) as url, ThreadPoolExecutor(8) as pool:
+    with serve_in_thread(create_app(index, None, max_pending=64)) as url, ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: ask(url, i), range(200)))
     assert len(answers) == 200 and all(answers)
 
@@ -463,7 +442,7 @@ def test_questions_are_answered_while_a_500_document_job_runs(index):
             return json.loads(response.read())["answer"]
 
     # the index in memory: in a directory, this 2-core CPU's OpenMP threads make the ingest itself 4x slower
-    with serving(create_app(index, None)) as url, ThreadPoolExecutor(4) as clients:
+    with serve_in_thread(create_app(index, None)) as url, ThreadPoolExecutor(4) as clients:
         submitted = urllib.request.Request(f"{url}/ingest/jobs", data=json.dumps({"documents": documents}).encode(),
                                            headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(submitted, timeout=60) as response:
@@ -488,7 +467,7 @@ def test_questions_are_answered_while_a_500_document_job_runs(index):
 def test_a_client_that_disconnects_leaves_its_batch(index, slow_steps):
     index.ingest([Document(page_content=t) for t in TEXTS])
     long = {"question": "What does the falcon do?", "k": 1, "max_new_tokens": 400}  # seconds to decode whole
-    with serving(create_app(index, None)) as url:
+    with serve_in_thread(create_app(index, None)) as url:
         first_line_then_leave(url, long)
         eventually(lambda: pending(url) == 0, "the first answer's slot freed")
         first_line_then_leave(url, long)  # not queued behind the answer nobody reads
@@ -507,7 +486,7 @@ def test_a_client_that_disconnects_before_a_whole_answer_leaves_its_batch(index,
     index.ingest([Document(page_content=t) for t in TEXTS])
     body = ({"question": "What does the falcon do?", "max_new_tokens": 400, "stream": False} if path == "/ask"
             else {"messages": [{"role": "user", "content": "What does the falcon do?"}], "max_tokens": 400})
-    with serving(create_app(index, None)) as url:
+    with serve_in_thread(create_app(index, None)) as url:
         host, port = url.removeprefix("http://").split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
         connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
@@ -647,7 +626,7 @@ def test_a_key_guards_every_path_but_health(index, authorization):
 def test_the_openai_client_talks_to_the_server(index):
     openai = pytest.importorskip("openai")
     index.ingest([Document(page_content=t) for t in TEXTS])
-    with serving(create_app(index, None, api_key=KEY)) as url:
+    with serve_in_thread(create_app(index, None, api_key=KEY)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
         model = index.compressor.model.base_name
         assert [m.id for m in client.models.list()] == [model]
@@ -670,7 +649,7 @@ def test_ask_url_sends_the_key_from_the_environment(index, monkeypatch, capsys):
 
     index.ingest([Document(page_content=t) for t in TEXTS])
     ask = ["ask", "Falcons?", "-k", "1", "--max-new-tokens", "2"]
-    with serving(create_app(index, None, api_key=KEY)) as url:
+    with serve_in_thread(create_app(index, None, api_key=KEY)) as url:
         monkeypatch.delenv("NUGGET_RAG_API_KEY", raising=False)
         assert cli.main([*ask, "--url", url]) == 2 and "answered 401" in capsys.readouterr().err
         monkeypatch.setenv("NUGGET_RAG_API_KEY", KEY)
@@ -731,7 +710,7 @@ def leave_when(url: str, path: str, body: dict, started: Callable[[], bool]) -> 
 
 def test_a_client_that_leaves_during_the_probe_stops_it_and_the_cpu_falls_idle(index, slow_probe):
     index.ingest([Document(page_content=p) for p in PASSAGES])
-    with serving(create_app(index, None)) as url:
+    with serve_in_thread(create_app(index, None)) as url:
         body = {"question": "How many sacks?", "k": 64, "max_new_tokens": 4, "stream": False}
         leave_when(url, "/ask", body, lambda: bool(slow_probe))
         eventually(lambda: pending(url) == 0, "the slot freed")
@@ -775,7 +754,7 @@ def assert_nothing_half_written(index, tmp_path) -> None:
 @pytest.mark.parametrize("path", ["/ingest", "/compress"])
 def test_ingest_and_compress_stop_when_their_client_leaves(index, tmp_path, slow_compression, path):
     documents = [f"Document {i} tells of the mill and its {i} sacks." for i in range(40)]  # 5 batches of 8
-    with serving(create_app(index, tmp_path)) as url:
+    with serve_in_thread(create_app(index, tmp_path)) as url:
         leave_when(url, path, {"documents": documents}, lambda: bool(slow_compression))
         eventually(lambda: pending(url) == 0, "the slot freed")
         eventually(slow_compression.stopped_at_the_next_step, "the batch under way ended, and no other began")

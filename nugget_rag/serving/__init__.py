@@ -53,12 +53,14 @@ key as the password (what a browser sends for the page); 401 otherwise. Needs th
 The package: app.py (create_app), served_index.py (the index it answers over: local_index.py's, or a Ray Serve
 replica's), state.py (settings and the state every route shares), routes/ (one router a concern), answers.py (an
 answer from retrieval to its last piece), admission.py (slots, deadlines, disconnects), request_models.py,
-errors.py, middleware.py, ingest_jobs.py, page.html.
+errors.py, middleware.py, ingest_jobs.py, page.html; background.py serves an app from a thread.
 """
 
 from .app import create_app
+from .background import serve_in_thread
 from .local_index import DirectoryIndex, MemoryIndex, local_index
 from .served_index import ServedIndex
 from .state import AppState, ServerSettings
 
-__all__ = ["AppState", "DirectoryIndex", "MemoryIndex", "ServedIndex", "ServerSettings", "create_app", "local_index"]
+__all__ = ["AppState", "DirectoryIndex", "MemoryIndex", "ServedIndex", "ServerSettings", "create_app", "local_index",
+           "serve_in_thread"]
