@@ -129,7 +129,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if args.store is None:
             raise UserError("ingest needs --index DIR (a local index) or --store REDIS_URL (publish into the index "
                             "there, which `nugget-rag ask/serve --store` read)")
-        return _ingest_published(args, docs if args.ray is None else load_documents(args.paths))
+        return _ingest_published(args, docs if args.ray is None else None)
     manifest = read_manifest(args.index)
     if manifest is not None:
         if args.ratio is not None and args.ratio != manifest.get("ratio"):
@@ -182,16 +182,24 @@ def chunking_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def _ingest_published(args: argparse.Namespace, docs: list) -> int:
-    """ingest --store without --index: add `docs` to the index published in the store, as a new version."""
-    if not docs:
-        raise UserError(f"no text found in {', '.join(args.paths)}")
+def _ingest_published(args: argparse.Namespace, docs: list | None) -> int:
+    """ingest --store without --index: add `docs` (None, with --ray: those of --paths that can be read, the rest
+    named and skipped, as a Ray ingest does) to the index published in the store, as a new version."""
     pipeline = None
     if args.ray is not None:
+        from .integrations import read_documents
         from .integrations.ray_ingest import ingest_distributed
+
+        found = read_documents(args.paths)
+        for path, reason in found.skipped.items():
+            print(f"skipped {path}: {reason}", file=sys.stderr)
+        docs = found.documents
 
         def pipeline(index, documents):  # compress on the Ray workers, publish from here
             return ingest_distributed(index, documents, ray_options(args), model=ray_model_loader(args))
+
+    if not docs:
+        raise UserError(f"no text found in {', '.join(args.paths)}")
 
     index = published_index(args, pipeline=pipeline, **chunking_options(args))
     added = index.ingest(docs)

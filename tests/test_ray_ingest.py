@@ -195,3 +195,23 @@ def test_an_unreachable_redis_is_named_before_any_work(tmp_path, capsys):
     (tmp_path / "a.txt").write_text("A document.")
     assert cli.main(["ingest", str(tmp_path), "--index", str(tmp_path / "index"), "--store", url]) == 2
     assert f"cannot reach Redis at {url}" in capsys.readouterr().err
+
+
+def test_ingest_on_ray_without_an_index_publishes_into_the_store(ingested, corpus, redis_url, tmp_path, monkeypatch,
+                                                                 capsys):
+    from nugget_rag.integrations.published_index import PublishedIndex
+
+    loader = ingested["loader"].model_copy(update={"crash": None})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: tiny_compressor(args.store.open()))
+    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli, "ray_model_loader", lambda args: loader)
+    before = computed(Path(loader.log))
+    assert cli.main(["ingest", *corpus, "--store", redis_url, "--ray", "--workers", "1", "--chunk-tokens", "64",
+                     "--chunk-overlap", "8", "-q"]) == 0
+    printed = capsys.readouterr()
+    assert "Ingested 4 documents (12 new chunks) into the index 'default' published in redis://" in printed.out
+    assert f"skipped {corpus[1]}: " in printed.err and "not UTF-8" in printed.err  # as an ingest into a directory
+    published = PublishedIndex(tiny_compressor(NuggetStore.from_redis(redis_url)), HashEmbeddings())
+    assert published.current().ids == ingested["index"].ids  # the chunks the directory ingest indexed, in order
+    assert computed(Path(loader.log)) == before  # their states were in the store already: nothing compressed again
