@@ -22,7 +22,7 @@ from tiny import tiny_nugget_model
 
 from nugget_rag import NuggetCompressor, NuggetStore, cli
 from nugget_rag.integrations import NuggetIndex
-from nugget_rag.serving import ingest_jobs
+from nugget_rag.serving import ingest_jobs, job_records
 from nugget_rag.serving.ingest_jobs import IngestJobs, JobConflict, JobNotResumable, server_gone
 from nugget_rag.serving.job_records import IngestJob, JobRecords
 
@@ -253,7 +253,7 @@ import uvicorn
 from test_integrations import HashEmbeddings
 from tiny import tiny_nugget_model
 from nugget_rag import NuggetCompressor, NuggetStore
-from nugget_rag.serving import ingest_jobs
+from nugget_rag.serving import ingest_jobs, job_records
 from nugget_rag.integrations import NuggetIndex
 from nugget_rag.serving import create_app
 
@@ -365,3 +365,19 @@ def test_a_job_of_a_killed_server_is_finished_by_the_next_each_document_compress
     assert sorted(d.page_content for d in index.documents) == sorted(texts) and len(set(index.ids)) == 12
     assert index.vectorstore.index.ntotal == 12
     assert not redis.Redis.from_url(redis_url).exists(f"nugget-rag:ingest-job:{job['id']}")  # its documents: gone
+
+
+def test_documents_kept_for_a_job_never_recorded_are_dropped_once_old(records, monkeypatch):
+    orphan, young = f"ingest-{'cd' * 16}", f"ingest-{'ef' * 16}"
+    with monkeypatch.context() as past:  # kept over an hour ago by a server that stopped before recording the job
+        real = time.time
+        past.setattr(time, "time", lambda: real() - job_records.ORPHAN_AGE_S - 60)
+        records.put_documents(orphan, 0, DOCUMENTS[:2])
+        job = recorded(records)  # recorded long ago too: kept
+    records.put_documents(young, 0, DOCUMENTS[:2])  # a submit under way: its record comes next
+    jobs = IngestJobs(Ingested(), records, index=INDEX)
+    new = jobs.submit(DOCUMENTS[:3])  # each submit looks for orphans
+    assert records.documents(orphan, 0) is None
+    assert records.documents(young, 0) is not None and records.documents(job.id, 0) == DOCUMENTS[:32]
+    assert finished(jobs, new.id).status == "done"
+    jobs.close()

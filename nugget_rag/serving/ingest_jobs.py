@@ -137,6 +137,7 @@ class IngestJobs:
             self.records.put(job)
             finished = [j.id for j in self._reported(self.records.all()) if not j.active]
             self.records.delete(finished[:max(0, len(finished) - KEPT_JOBS)])
+            self.records.drop_orphans()
             return self._start(job)
 
     def resume(self, job_id: str) -> IngestJob:

@@ -2,13 +2,14 @@
 record (JSON), its documents in parts of a few documents each (so a large job is no one giant value), and the claims
 of the servers that resume it.
 
-    a directory store   jobs/<id>.json, jobs/<id>/part-<n>.json, jobs/<id>/claim-<attempt>
+    a directory store   jobs/<id>.json, jobs/<id>/part-<n>.json, jobs/<id>/claim-<attempt>, jobs/<id>/written.json
     a Redis store       hash <namespace>:ingest-jobs (a field a record), hash <namespace>:ingest-job:<id>
-                        (fields part:<n> and claim:<attempt>)
+                        (fields part:<n>, claim:<attempt> and written: when a part was last kept)
     any other store     this process's memory
 
 A claim is atomic: an exclusive file create (O_CREAT | O_EXCL) in a directory, HSETNX in Redis; of the servers that
-claim one attempt at a job, one wins. Nothing read here runs code: records and parts are JSON.
+claim one attempt at a job, one wins. Documents kept for a job that was never recorded (its server stopped in
+between) are dropped ORPHAN_AGE_S later. Nothing read here runs code: records and parts are JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 JOBS_FOLDER = "jobs"  # in a directory store
 JOB_ID = re.compile(r"ingest-[0-9a-f]{32}")
+ORPHAN_AGE_S = 3600.0  # documents of a job never recorded (its server stopped in between) are dropped this much later
 
 
 class IngestJob(BaseModel):
@@ -138,6 +140,18 @@ class JobRecords:
             raise ValueError(f"the documents of an ingest job are kept as JSON, and their metadata is not JSON "
                              f"({err}); give metadata of strings, numbers, lists and objects") from None
         self._set(job_id, f"part-{part}", data, exclusive=False)
+        self._set(job_id, "written", str(time.time()), exclusive=False)
+
+    def drop_orphans(self, older_than_s: float = ORPHAN_AGE_S) -> list[str]:
+        """Delete the documents of jobs without a record, last written over `older_than_s` ago (a server stopped
+        between keeping a job's documents and recording it; younger ones may be a submit under way); their ids."""
+        recorded = {job.id for job in self.all()}
+        orphans = [job_id for job_id in self._with_documents() if job_id not in recorded
+                   and time.time() - float(self._get(job_id, "written") or 0) > older_than_s]
+        for job_id in orphans:
+            log.warning("dropped the documents of ingest job %s, which was never recorded", job_id)
+            self.drop_documents(job_id)
+        return orphans
 
     def documents(self, job_id: str, part: int) -> list[Document] | None:
         """Part `part` of a job's documents, or None where it is not kept."""
@@ -168,6 +182,16 @@ class JobRecords:
         return None if data is None else JobClaim.model_validate_json(data)
 
     # ------------------------------------------------------------------ where they live
+    def _with_documents(self) -> list[str]:
+        """The ids of the jobs whose documents or claims are kept."""
+        if self._redis is not None:
+            prefix = self._job_hash("")
+            return [key.decode()[len(prefix):] for key in self._redis.scan_iter(match=prefix + "ingest-*")]
+        if self._folder is not None:
+            return [path.name for path in self._folder.glob("ingest-*") if path.is_dir()]
+        with self._memory_lock:
+            return sorted({job_id for job_id, _ in self._memory_job})
+
     @property
     def _hash(self) -> str:
         return f"{self._namespace}:ingest-jobs"
@@ -203,7 +227,7 @@ class JobRecords:
         if self._redis is not None:
             return self._redis.hget(self._job_hash(job_id), name.replace("-", ":", 1))
         if self._folder is not None:
-            path = self._folder / job_id / (f"{name}.json" if name.startswith("part-") else name)
+            path = self._folder / job_id / (name if name.startswith("claim-") else f"{name}.json")
             return _read(path) or None
         with self._memory_lock:
             return self._memory_job.get((job_id, name))
