@@ -4,7 +4,8 @@ of the servers that resume it.
 
     a directory store   jobs/<id>.json, jobs/<id>/part-<n>.json, jobs/<id>/claim-<attempt>, jobs/<id>/written.json
     a Redis store       hash <namespace>:ingest-jobs (a field a record), hash <namespace>:ingest-job:<id>
-                        (fields part:<n>, claim:<attempt> and written: when a part was last kept)
+                        (fields part:<n>, claim:<attempt>), hash <namespace>:ingest-job-written (a field a job
+                        whose documents are kept: when a part was last written)
     any other store     this process's memory
 
 A claim is atomic: an exclusive file create (O_CREAT | O_EXCL) in a directory, HSETNX in Redis; of the servers that
@@ -140,14 +141,17 @@ class JobRecords:
             raise ValueError(f"the documents of an ingest job are kept as JSON, and their metadata is not JSON "
                              f"({err}); give metadata of strings, numbers, lists and objects") from None
         self._set(job_id, f"part-{part}", data, exclusive=False)
-        self._set(job_id, "written", str(time.time()), exclusive=False)
+        if self._redis is not None:  # one hash of every job's time, so that finding orphans scans no keyspace
+            self._redis.hset(self._written_hash, job_id, str(time.time()))
+        else:
+            self._set(job_id, "written", str(time.time()), exclusive=False)
 
     def drop_orphans(self, older_than_s: float = ORPHAN_AGE_S) -> list[str]:
         """Delete the documents of jobs without a record, last written over `older_than_s` ago (a server stopped
         between keeping a job's documents and recording it; younger ones may be a submit under way); their ids."""
         recorded = {job.id for job in self.all()}
-        orphans = [job_id for job_id in self._with_documents() if job_id not in recorded
-                   and time.time() - float(self._get(job_id, "written") or 0) > older_than_s]
+        orphans = [job_id for job_id, written in self._written().items() if job_id not in recorded
+                   and time.time() - written > older_than_s]
         for job_id in orphans:
             log.warning("dropped the documents of ingest job %s, which was never recorded", job_id)
             self.drop_documents(job_id)
@@ -162,6 +166,7 @@ class JobRecords:
         """Delete a job's documents and claims (it ended, or its record is dropped)."""
         if self._redis is not None:
             self._redis.delete(self._job_hash(job_id))
+            self._redis.hdel(self._written_hash, job_id)
         elif self._folder is not None:
             shutil.rmtree(self._folder / job_id, ignore_errors=True)
         else:
@@ -182,19 +187,24 @@ class JobRecords:
         return None if data is None else JobClaim.model_validate_json(data)
 
     # ------------------------------------------------------------------ where they live
-    def _with_documents(self) -> list[str]:
-        """The ids of the jobs whose documents or claims are kept."""
+    def _written(self) -> dict[str, float]:
+        """When the documents of each job that has some kept were last written (0: not recorded)."""
         if self._redis is not None:
-            prefix = self._job_hash("")
-            return [key.decode()[len(prefix):] for key in self._redis.scan_iter(match=prefix + "ingest-*")]
+            return {key.decode(): float(value) for key, value in self._redis.hgetall(self._written_hash).items()}
         if self._folder is not None:
-            return [path.name for path in self._folder.glob("ingest-*") if path.is_dir()]
-        with self._memory_lock:
-            return sorted({job_id for job_id, _ in self._memory_job})
+            ids = [path.name for path in self._folder.glob("ingest-*") if path.is_dir()]
+        else:
+            with self._memory_lock:
+                ids = sorted({job_id for job_id, _ in self._memory_job})
+        return {job_id: float(self._get(job_id, "written") or 0) for job_id in ids}
 
     @property
     def _hash(self) -> str:
         return f"{self._namespace}:ingest-jobs"
+
+    @property
+    def _written_hash(self) -> str:
+        return f"{self._namespace}:ingest-job-written"
 
     def _job_hash(self, job_id: str) -> str:
         return f"{self._namespace}:ingest-job:{job_id}"
