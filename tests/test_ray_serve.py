@@ -203,13 +203,14 @@ def stream(port: int, started: list) -> dict:
         name = response.getheader(REPLICA_HEADER)
         if response.status != 200:
             return {"replica": name, "whole": False}
-        lines = [json.loads(response.readline())]
-        started.append(name)
-        try:
+        lines = []
+        try:  # a replica killed before this stream's first line cuts it there (its headers were sent)
+            lines.append(json.loads(response.readline()))
+            started.append(name)
             lines += [json.loads(line) for line in response if line.strip()]
         except (http.client.HTTPException, OSError, ValueError):
             pass
-        return {"replica": name, "whole": "sources" in lines[-1]}
+        return {"replica": name, "whole": bool(lines) and "sources" in lines[-1]}
     finally:
         connection.close()
 
