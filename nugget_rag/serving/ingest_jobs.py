@@ -135,9 +135,10 @@ class IngestJobs:
                 self.records.drop_documents(job.id)
                 raise
             self.records.put(job)
-            finished = [j.id for j in self._reported(self.records.all()) if not j.active]
+            recorded = self.records.all()
+            finished = [j.id for j in self._reported(recorded) if not j.active]
             self.records.delete(finished[:max(0, len(finished) - KEPT_JOBS)])
-            self.records.drop_orphans()
+            self.records.drop_orphans({j.id for j in recorded})
             return self._start(job)
 
     def resume(self, job_id: str) -> IngestJob:

@@ -146,10 +146,10 @@ class JobRecords:
         else:
             self._set(job_id, "written", str(time.time()), exclusive=False)
 
-    def drop_orphans(self, older_than_s: float = ORPHAN_AGE_S) -> list[str]:
-        """Delete the documents of jobs without a record, last written over `older_than_s` ago (a server stopped
-        between keeping a job's documents and recording it; younger ones may be a submit under way); their ids."""
-        recorded = {job.id for job in self.all()}
+    def drop_orphans(self, recorded: set[str], older_than_s: float = ORPHAN_AGE_S) -> list[str]:
+        """Delete the documents of jobs not in `recorded` (the ids of every record, as `all()` read them), last
+        written over `older_than_s` ago (a server stopped between keeping a job's documents and recording it; younger
+        ones may be a submit under way); their ids."""
         orphans = [job_id for job_id, written in self._written().items() if job_id not in recorded
                    and time.time() - written > older_than_s]
         for job_id in orphans:
