@@ -302,6 +302,22 @@ def test_a_question_reads_a_version_that_no_ingest_changes(index):
     assert served.current() is not index  # the next ingest adds to `index`, not to what questions read
 
 
+def test_memory_ingests_at_once_compress_outside_the_turn_and_add_a_text_once(index, monkeypatch):
+    """Two ingests of the same text at once: both compress and embed it (neither waits for the other's turn),
+    each chunk once, and the index gets it once."""
+    both_embedding, real_embed = threading.Barrier(2, timeout=60), index.embeddings.embed_documents
+    monkeypatch.setattr(index.embeddings, "embed_documents", lambda texts: (both_embedding.wait(), real_embed(texts))[1])
+    compressed, real_invoke = [], NuggetCompressor.invoke
+    monkeypatch.setattr(NuggetCompressor, "invoke",
+                        lambda self, chunks, *a, **k: (compressed.extend(chunks), real_invoke(self, chunks, *a, **k))[1])
+    served = MemoryIndex(index)
+    with ThreadPoolExecutor(2) as pool:
+        added = sorted(pool.map(lambda _: served.ingest([Document(page_content=TEXTS[0])], never), range(2)))
+    assert added == [0, 1] and len(served) == len(index) == 1
+    assert len(compressed) == 2  # one chunk, once by each ingest; none looked up again in the turn
+    assert index.last_ingest["added"] + index.last_ingest["skipped"] == index.last_ingest["chunks"] == 1
+
+
 def test_an_ingest_never_publishes_over_a_later_ones_copy(index, tmp_path, monkeypatch):
     """Two ingests into a directory: the first to take its lock publishes last, and must not replace the second's
     index (which holds the first's chunks too) with its own older copy."""

@@ -6,17 +6,21 @@ from __future__ import annotations
 import itertools
 import threading
 from pathlib import Path
+from typing import Any
 
 from langchain_core.documents import Document
 
 from ..cancellation import Stop, cancellable
+from ..integrations import ingest_pipeline
 from ..integrations.index import NuggetIndex
 from .served_index import ServedIndex
 
 
 class MemoryIndex:
     """`index` kept in memory: ingests add to it one at a time, each published as a copy for questions to read.
-    The states are compressed first, outside the turn and stoppable: a stopped ingest leaves the index as it was."""
+    Each ingest runs the pipeline (split, compress, embed) outside the turn and stoppable, against the version
+    published when it started; in its turn it adds the chunks still missing. A stopped ingest leaves the index as
+    it was."""
 
     def __init__(self, index: NuggetIndex):
         self.index, self.compressor, self.location = index, index.compressor, None
@@ -27,15 +31,43 @@ class MemoryIndex:
         return self._current
 
     def ingest(self, documents: list[Document], stop: Stop) -> int:
-        with cancellable(stop):
-            self.compressor.invoke(self.index.split(documents))  # into the store, where index.ingest finds them
+        staged = _Staged(self._current)
+        ingest_pipeline.ingest(staged, documents, stop)
         with self._turn:
-            added = self.index.ingest(documents)
+            known, added = set(self.index.ids), 0
+            for chunks, vectors in staged.batches:  # less any another ingest added meanwhile
+                new = [i for i, chunk in enumerate(chunks) if chunk.id not in known]
+                self.index.add_chunks([chunks[i] for i in new], [vectors[i] for i in new])
+                known.update(chunks[i].id for i in new)
+                added += len(new)
+            self.index.last_ingest = {**staged.last_ingest, "added": added,
+                                      "skipped": staged.last_ingest["chunks"] - added}
             self._current = self.index.copy()
         return added
 
     def __len__(self) -> int:
         return len(self._current)
+
+
+class _Staged:
+    """The ingest pipeline's target for a MemoryIndex: `version`'s settings and ids; the compressed chunks and
+    their vectors are held in `batches`, for the index to add in its turn."""
+
+    def __init__(self, version: NuggetIndex):
+        self.version, self.compressor, self.embeddings = version, version.compressor, version.embeddings
+        self.batch_size, self.show_progress = version.batch_size, version.show_progress
+        self.last_ingest: dict[str, Any] = {}
+        self.batches: list[tuple[list[Document], ingest_pipeline.Vectors]] = []
+
+    @property
+    def ids(self) -> list[str]:
+        return self.version.ids
+
+    def split(self, documents: list[Document]) -> list[Document]:
+        return self.version.split(documents)
+
+    def add_chunks(self, docs: list[Document], vectors: ingest_pipeline.Vectors) -> None:
+        self.batches.append((list(docs), list(vectors)))
 
 
 class DirectoryIndex:
