@@ -251,3 +251,32 @@ def test_store_scale_ingest_reports_consistent_counts_bytes_and_rates(make_model
     assert f"| {row['split_s']:.1f} | {row['split_s_per_passage'] * 1000:.3f} | {row['compress_s']:.1f} |" in table
     assert "| single process | 1.0 | 4.00 | 2.00x | 0 | 2.0 | 0.500 | 0.50x | 0.800 | 0.50x |" in table
     assert "ratios to Ray, 1 replica" in table
+
+
+def _harness_run(folder: Path, name: str, task: str, split: str, rows: list[tuple[str, float, str]]) -> None:
+    """A harness run's two files: NAME.json (the task's split and source) and NAME-predictions.jsonl."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps({"tasks": {task: {"split": split, "source": "data/squad.json"}}}))
+    (folder / f"{name}-predictions.jsonl").write_text("".join(
+        json.dumps({"task": task, "system": "nugget", "ratio": ratio, "id": qid, "output": output,
+                    "references": ["Paris"]}) + "\n" for qid, ratio, output in rows))
+
+
+def test_default_decision_ships_a_win_at_r10_that_loses_nothing_and_refuses_test_runs(tmp_path):
+    decision = load_script("default_decision")
+    questions = [f"q{i}" for i in range(40)]
+    _harness_run(tmp_path / "base", "squad-s0", "squad", "dev",
+                 [(q, r, "Paris" if i < 10 else "Rome") for i, q in enumerate(questions) for r in (10, 5)])
+    # the candidate answers 20 more questions at r = 10 and the same ones at r = 5
+    _harness_run(tmp_path / "cand", "squad-s0", "squad", "dev",
+                 [(q, 10, "Paris" if i < 30 else "Rome") for i, q in enumerate(questions)]
+                 + [(q, 5, "Paris" if i < 10 else "Rome") for i, q in enumerate(questions)])
+    result = decision.decide(decision.read_folder(tmp_path / "base"), decision.read_folder(tmp_path / "cand"))
+    verdicts = {row["measure"]: row["verdict"] for row in result["rows"]}
+    assert verdicts == {"squad r = 10 (nugget, squad.json)": "wins", "squad r = 5 (nugget, squad.json)": "holds"}
+    assert result["ships"]
+    # the other way round it does not win, and loses at r = 10: the default stays
+    assert not decision.decide(decision.read_folder(tmp_path / "cand"), decision.read_folder(tmp_path / "base"))["ships"]
+    _harness_run(tmp_path / "test", "squad-s0", "squad", "test", [("q0", 10, "Paris")])
+    with pytest.raises(SystemExit, match="split 'test'.*dev parts only"):
+        decision.read_folder(tmp_path / "test")

@@ -1,0 +1,130 @@
+"""Whether a candidate replaces the shipped default, by the rule fixed before any candidate was scored
+(MODEL_CARD.md "Choosing the next default"): it wins at r = 10 beyond noise, and loses nothing beyond noise elsewhere.
+
+    bash scripts/score_candidate.sh default runs/score/stage5
+    bash scripts/score_candidate.sh CANDIDATE runs/score/candidate
+    python benchmarks/default_decision.py runs/score/stage5 runs/score/candidate [--out benchmarks/results/NAME]
+
+Each folder holds harness runs (NAME.json beside NAME-predictions.jsonl); runs of the same name are paired. Every
+measure is a (task, system, ratio, data file) of the runs, each item scored per item (QA: answer correct, 0 or 100; autoencoding:
+sentence BLEU), pooled over runs of the same measure (a question drawn by two seeds counts once) and compared on the
+items both folders scored: the paired difference candidate - baseline, mean ± standard error. Beyond noise is two
+standard errors. A run on a test part is refused: choosing a default is tuning, and tuning reads dev parts only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import sacrebleu
+
+from nugget_rag.eval.metrics import answer_correct, paired_difference
+
+PRIMARY = ("squad", 10.0)  # the measure the candidate must win
+NOISE = 2.0  # standard errors
+
+
+class Measure(NamedTuple):
+    task: str
+    system: str
+    ratio: float
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.task} r = {self.ratio:g} ({self.system}, {self.source})"
+
+
+def item_score(record: dict) -> float:
+    """One prediction's score: autoencoding's sentence BLEU, else whether the answer is right (0 or 100)."""
+    if record["task"] == "autoencoding":
+        return sacrebleu.sentence_bleu(record["output"], [record["references"][0]]).score
+    return 100.0 * answer_correct(record["output"], record["references"])
+
+
+def corpus_score(records: list[dict]) -> float:
+    """The measure's usual score over these items: corpus BLEU for autoencoding, else the share answered right."""
+    if records[0]["task"] == "autoencoding":
+        return sacrebleu.corpus_bleu([r["output"] for r in records], [[r["references"][0] for r in records]]).score
+    return sum(item_score(r) for r in records) / len(records)
+
+
+def read_folder(folder: Path) -> dict[Measure, dict[str, dict]]:
+    """Measure -> item id -> prediction, from every run in `folder`; a run on a test part is refused by name."""
+    runs = sorted(folder.glob("*-predictions.jsonl"))
+    if not runs:
+        raise SystemExit(f"{folder} holds no harness runs (NAME-predictions.jsonl): run scripts/score_candidate.sh")
+    measures: dict[Measure, dict[str, dict]] = {}
+    for path in runs:
+        summary = path.with_name(path.name.removesuffix("-predictions.jsonl") + ".json")
+        tasks = json.loads(summary.read_text())["tasks"] if summary.is_file() else {}
+        for name, task in tasks.items():
+            if task.get("split") in ("test", None):
+                raise SystemExit(f"{summary} scored {name} on split {task.get('split')!r}: a default is chosen on "
+                                 "dev parts only; score it again with --split dev")
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record["task"] not in tasks:
+                raise SystemExit(f"{path}: no {summary.name} beside it records the split of task {record['task']!r}")
+            if record.get("ratio") is None:  # an uncompressed reference system: not a measure of the checkpoint
+                continue
+            measure = Measure(record["task"], record["system"], float(record["ratio"]),
+                              Path(tasks[record["task"]]["source"]).name)
+            measures.setdefault(measure, {})[str(record["id"])] = record
+    return measures
+
+
+def decide(baseline: dict[Measure, dict[str, dict]], candidate: dict[Measure, dict[str, dict]]) -> dict:
+    """Each shared measure's scores and paired difference, its verdict, and the decision."""
+    rows = []
+    for measure in sorted(set(baseline) & set(candidate), key=lambda m: (m.task, m.source, -m.ratio)):
+        ids = sorted(set(baseline[measure]) & set(candidate[measure]))
+        before = [baseline[measure][i] for i in ids]
+        after = [candidate[measure][i] for i in ids]
+        mean, se = paired_difference([item_score(r) for r in before], [item_score(r) for r in after])
+        primary = (measure.task, measure.ratio) == PRIMARY
+        if primary:
+            verdict = "wins" if mean > NOISE * se else "does not win"
+        else:
+            verdict = "loses" if mean < -NOISE * se else "holds"
+        rows.append({"measure": str(measure), "items": len(ids), "baseline": corpus_score(before),
+                     "candidate": corpus_score(after), "paired": mean, "paired_se": se, "primary": primary,
+                     "verdict": verdict})
+    if not any(row["primary"] for row in rows):
+        raise SystemExit(f"the folders share no {PRIMARY[0]} run at r = {PRIMARY[1]:g}, the measure a candidate must "
+                         "win: run scripts/score_candidate.sh squad-s0 squad-s1 squad-s2 for both")
+    ships = all(row["verdict"] in ("wins", "holds") for row in rows)
+    return {"rows": rows, "ships": ships}
+
+
+def table(result: dict, names: tuple[str, str]) -> str:
+    lines = [f"| measure | items | {names[0]} | {names[1]} | paired | verdict |", "|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        mark = "**" if row["primary"] else ""
+        lines.append(f"| {mark}{row['measure']}{mark} | {row['items']} | {row['baseline']:.1f} | "
+                     f"{row['candidate']:.1f} | {row['paired']:+.1f} ± {row['paired_se']:.1f} | {row['verdict']} |")
+    decision = "ships: it replaces the default" if result["ships"] else "does not ship: the default stays"
+    return "\n".join(lines) + f"\n\nDecision ({NOISE:g} standard errors): the candidate {decision}.\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("baseline", type=Path, help="folder of the default's dev runs")
+    parser.add_argument("candidate", type=Path, help="folder of the candidate's dev runs")
+    parser.add_argument("--out", type=Path, help="also write OUT.md and OUT.json")
+    args = parser.parse_args()
+    result = decide(read_folder(args.baseline), read_folder(args.candidate))
+    text = table(result, (args.baseline.name, args.candidate.name))
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"baseline": str(args.baseline), "candidate": str(args.candidate), **result}, indent=1))
+    return 0 if result["ships"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
