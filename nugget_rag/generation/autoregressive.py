@@ -173,7 +173,8 @@ class NuggetStream:
             raise ValueError("nothing read yet: feed a prompt before generating")
         generator = (torch.Generator(self.model.device).manual_seed(settings.seed)
                      if settings.seed is not None else None)
-        tracker, processors, eos = TextTracker(self.model.tokenizer, settings.stop), settings.logits_processors(), \
+        tokenizer = self.model.tokenizer
+        tracker, processors, eos = TextTracker(tokenizer, settings.stop), settings.logits_processors(tokenizer), \
             eos_ids(self.model)
         self.generated = []
         for step in range(settings.max_new_tokens + settings.finish_sentence):

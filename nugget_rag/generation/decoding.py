@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import (
     DynamicCache,
     LogitsProcessorList,
-    NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
 )
 
@@ -21,6 +20,7 @@ from ..config import DECODER, Decoding
 from ..model.layout import NuggetLayout, decoder_positions
 from ..model.nugget_model import NuggetModel
 from ..state.nugget_state import NuggetState
+from .repeats import NoRepeatPrintedNGram
 from .static_decoding import StaticDecoding
 from .text import ends_sentence
 
@@ -46,16 +46,17 @@ class GenerationSettings(BaseModel):
         "logits divided by it, negative ones multiplied); 1 = off."
     )
     no_repeat_ngram_size: int = Field(
-        0, ge=0, description="Never generate an n-gram of this size twice in one answer; 0 = off."
+        0, ge=0, description="Never print an n-gram of this many tokens twice in one answer, tokens compared by the "
+        "text they print (' a' and 'a' alike; whitespace-only tokens skipped: repeats.py); 0 = off."
     )
 
-    def logits_processors(self) -> LogitsProcessorList:
-        """transformers' processors for the repetition settings; they see the generated tokens, not the prompt."""
+    def logits_processors(self, tokenizer) -> LogitsProcessorList:
+        """The processors of the repetition settings; they see the generated tokens, not the prompt."""
         processors = LogitsProcessorList()
         if self.repetition_penalty != 1.0:
             processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
         if self.no_repeat_ngram_size:
-            processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
+            processors.append(NoRepeatPrintedNGram(self.no_repeat_ngram_size, tokenizer))
         return processors
 
 
@@ -192,7 +193,7 @@ def generation_steps(
     generator = torch.Generator(model.device).manual_seed(settings.seed) if settings.seed is not None else None
     trackers = [TextTracker(model.tokenizer, settings.stop) for _ in prompts]
     reasons: list[FinishReason | None] = [None] * len(prompts)
-    processors = settings.logits_processors()
+    processors = settings.logits_processors(model.tokenizer)
     generated = torch.zeros(len(prompts), 0, dtype=torch.long, device=model.device)
     positions = decoder_positions(layout.next_positions, token_mask)
     prefilled = prefill_nuggets(layout, token_mask)
