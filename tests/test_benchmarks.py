@@ -280,3 +280,46 @@ def test_default_decision_ships_a_win_at_r10_that_loses_nothing_and_refuses_test
     _harness_run(tmp_path / "test", "squad-s0", "squad", "test", [("q0", 10, "Paris")])
     with pytest.raises(SystemExit, match="split 'test'.*dev parts only"):
         decision.read_folder(tmp_path / "test")
+
+
+def test_ship_default_refuses_float32_another_layout_and_a_decision_that_does_not_ship(tmp_path):
+    import torch
+    from tiny import tiny_nugget_model
+
+    ship = load_script("ship_default", SCRIPTS)
+    model = tiny_nugget_model()
+    lineage = {"lineage": [{"updates": 1}]}
+    model.save_pretrained(tmp_path / "default", dtype=torch.bfloat16, training=lineage)
+    model.save_pretrained(tmp_path / "bf16", dtype=torch.bfloat16, training=lineage)
+    model.save_pretrained(tmp_path / "fp32", dtype=torch.float32, training=lineage)
+    model.save_pretrained(tmp_path / "no-lineage", dtype=torch.bfloat16)
+    wins = {"ships": True, "candidate": "x", "rows": [{"measure": "squad r = 10", "verdict": "wins"}]}
+    ship.check(tmp_path / "bf16", wins, tmp_path / "default")  # nothing to refuse
+    with pytest.raises(ValueError, match=r"\['F32'\] tensors; the default ships bfloat16: export it with "
+                                         "export_dtype: bfloat16"):
+        ship.check(tmp_path / "fp32", wins, tmp_path / "default")
+    with pytest.raises(ValueError, match="does not ship it"):
+        ship.check(tmp_path / "bf16", {**wins, "ships": False}, tmp_path / "default")
+    with pytest.raises(ValueError, match="records no lineage"):
+        ship.check(tmp_path / "no-lineage", wins, tmp_path / "default")
+    config = json.loads((tmp_path / "bf16" / "nugget_config.json").read_text())
+    config["config"]["lora"]["rank"] = 8
+    (tmp_path / "bf16" / "nugget_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="another layout than the default: lora="):
+        ship.check(tmp_path / "bf16", wins, tmp_path / "default")
+    config["base_digest"] = "0" * 32
+    (tmp_path / "bf16" / "nugget_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="trained on base model"):
+        ship.check(tmp_path / "bf16", wins, tmp_path / "default")
+
+
+def test_the_shipped_default_is_bfloat16_within_30_mb_with_its_training_record():
+    from safetensors import safe_open
+
+    from nugget_rag.model.checkpoint_files import SHIPPED_CHECKPOINT, WEIGHTS_FILE, read_checkpoint_meta
+
+    weights = SHIPPED_CHECKPOINT / WEIGHTS_FILE
+    with safe_open(weights, framework="pt") as f:
+        assert {f.get_slice(name).get_dtype() for name in f.keys()} == {"BF16"}
+    assert weights.stat().st_size <= 30_000_000
+    assert read_checkpoint_meta(SHIPPED_CHECKPOINT)["training"]
