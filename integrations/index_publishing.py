@@ -50,8 +50,10 @@ from .index_segments import (
     read_record,
     read_version,
     segment_key,
+    sources_of,
     version_key,
 )
+from .index_verify import check_sizes, verify_listed
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +190,12 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
         spans.append((a, a + ref.count))
     new: dict[str, bytes] = {}
 
+    def encoded(a: int, b: int) -> bytes:
+        return encode_segment(chunks[a:b], faiss_vectors(index.vectorstore, a, b))
+
     def segment(a: int, b: int) -> SegmentRef:
-        data = encode_segment(chunks[a:b], faiss_vectors(index.vectorstore, a, b))
-        ref = SegmentRef(sha256=_sha256(data), count=b - a, nbytes=len(data))
+        data = encoded(a, b)
+        ref = SegmentRef(sha256=_sha256(data), count=b - a, nbytes=len(data), sources=sources_of(chunks[a:b]))
         new[ref.sha256] = data
         return ref
 
@@ -203,32 +208,52 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
     version = 1 if base is None else base[0].version + 1
     record = VersionRecord(name=name, version=version, count=len(chunks), dimension=dimension,
                            manifest=index.manifest(), segments=merged)
-    earlier = [] if base is None else [*base[0].kept, base[0].version]
-    kept = earlier[len(earlier) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
     listed = {ref.sha256 for ref in merged}
-    writes = [sha for sha in new if sha in listed]
+    writes = {sha: data for sha, data in new.items() if sha in listed}
+    copies = {ref.sha256: (lambda i=i: encoded(*spans[i])) for i, ref in enumerate(refs)}
     check()  # the last point a cancelled request stops at: what follows is quick, and lands whole
+    writes |= verify_listed(store, name, base, [ref for ref in merged if ref.sha256 not in new], copies, cache)
+    published = commit_version(store, options, None if base is None else base[0], record, writes, lock, cache)
+    log.info("published version %d of the index %r in %s: %d chunks in %d segments (%d written)", version, name,
+             describe(store), record.count, len(merged), len(writes))
+    return published
+
+
+def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | None, record: VersionRecord,
+                   writes: dict[str, bytes], lock: _RedisLock | _FileLock,
+                   cache: SegmentCache | None = None) -> tuple[bytes, Pointer, VersionRecord]:
+    """Write the segments `writes` (by sha256), then `record`, then the pointer to it (the commit), keeping the
+    versions before it that `options` keeps; then remove those retired and what only they list. A write the store
+    refuses leaves the version before current, and the segments written are removed again where the store lets."""
+    name, version = options.name, record.version
+    earlier = [] if base is None else [*base.kept, base.version]
+    kept = earlier[len(earlier) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
+    listed = {ref.sha256 for ref in record.segments}
+    check_sizes(store, options.segment_bytes, record, writes)
     _remove_pending(store, name, base)
-    put(store, pending_key(name), json.dumps(writes).encode())
-    for sha in writes:
-        put(store, segment_key(name, sha), new[sha])
+    put(store, pending_key(name), json.dumps(list(writes)).encode())
     record_bytes = record.model_dump_json().encode()
-    put(store, version_key(name, version), record_bytes)
     pointer = Pointer(version=version, sha256=_sha256(record_bytes), kept=kept,
                       retired=[v for v in earlier if v not in kept])
     pointer_bytes = pointer.model_dump_json().encode()
-    lock.confirm()
-    put(store, pointer_key(name), pointer_bytes)  # the commit
+    try:
+        for sha, data in writes.items():
+            put(store, segment_key(name, sha), data)
+        put(store, version_key(name, version), record_bytes)
+        lock.confirm()
+        put(store, pointer_key(name), pointer_bytes)  # the commit
+    except Exception:
+        if get(store, pointer_key(name)) != pointer_bytes:  # not committed after all
+            _forget_writes(store, name, base)
+        raise
     store.register_index(published_location(name))  # its chunks' states are kept by prune
-    retry = [] if base is None else base[0].retired  # should the publish before have stopped while removing them
+    retry = [] if base is None else base.retired  # should the publish before have stopped while removing them
     remove_versions(store, name, [*pointer.retired, *retry], listed | _listed(store, name, kept))
     delete(store, [pending_key(name)])
     if cache is not None:
-        for sha in writes:
-            cache.put(sha, new[sha])
+        for sha, data in writes.items():
+            cache.put(sha, data)
         cache.keep(listed)
-    log.info("published version %d of the index %r in %s: %d chunks in %d segments (%d written)", version, name,
-             describe(store), record.count, len(merged), len(writes))
     return pointer_bytes, pointer, record
 
 
@@ -292,6 +317,17 @@ def _listed(store: NuggetStore, name: str, versions: Sequence[int]) -> set[str]:
     return listed
 
 
+def _forget_writes(store: NuggetStore, name: str, base: Pointer | None) -> None:
+    """After a publish failed before its commit: remove the segments it wrote (but those a kept version lists), and
+    its pending record, where the store lets; what stays is removed by the next publish."""
+    try:
+        _remove_pending(store, name, None if base is None else (base, read_record(store, name, base.version)))
+        delete(store, [pending_key(name)])
+    except Exception as err:  # the store refuses deletes too: the pending record names them for the next publish
+        log.warning("the segments of a failed publish of %r stay in %s until the next publish: %s", name,
+                    describe(store), err)
+
+
 def _remove_pending(store: NuggetStore, name: str, base: tuple[Pointer, VersionRecord] | None) -> None:
     """Remove the segments a publish that stopped before its commit wrote, but those a kept version lists."""
     data = get(store, pending_key(name))
@@ -329,6 +365,6 @@ def _sha256(data: bytes) -> str:
 
 
 __all__: list[str] = [
-    "LOCK_TTL_S", "PublishLockLost", "PublishOptions", "chunk_runs", "merge_groups", "publish_lock",
+    "LOCK_TTL_S", "PublishLockLost", "PublishOptions", "chunk_runs", "commit_version", "merge_groups", "publish_lock",
     "publish_version", "published_texts", "remove_versions",
 ]

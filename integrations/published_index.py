@@ -220,10 +220,13 @@ class PublishedIndex:
                                                        self._held_segments())
                 break
             except VersionRemovedError as err:
+                newer = read_pointer(store, name)
+                if newer is not None and newer[0] == found[0]:  # the pointer still names it: lost, not a race
+                    raise err.damage from None
                 if attempt == self.options.load_attempts - 1:
                     raise IndexFileError(f"{self.where} moved on {attempt + 1} times while a version was read ({err}); "
                                          "raise PublishOptions.keep_versions, or try again") from err
-                found = read_pointer(store, name)
+                found = newer
         index = self._index_of(record, chunks, vectors)
         log.info("loaded version %d of %s: %d chunks", record.version, self.where, len(index))
         return _Held(found[0], found[1], record, index)
