@@ -149,10 +149,15 @@ class _ProcessLock(_FileLock):
         self.thread_lock.release()
 
 
+class PublishLockBusy(TimeoutError):
+    """Another publisher held the lock longer than the wait given."""
+
+
 @contextmanager
-def publish_lock(store: NuggetStore, name: str) -> Iterator[_RedisLock | _FileLock]:
-    """Hold the lock of the index `name` in `store`, waiting (and logging that) while another publisher holds it; a
-    cancelled request (cancellation.py) stops waiting."""
+def publish_lock(store: NuggetStore, name: str, wait_s: float | None = None) -> Iterator[_RedisLock | _FileLock]:
+    """Hold the lock of the index `name` in `store`, waiting (and logging that) while another publisher holds it, at
+    most `wait_s` seconds (None: as long as it takes; then PublishLockBusy); a cancelled request (cancellation.py)
+    stops waiting."""
     location = store.location
     if location is not None and location.is_redis:
         lock: _RedisLock | _FileLock = _RedisLock(store, name)
@@ -163,8 +168,14 @@ def publish_lock(store: NuggetStore, name: str) -> Iterator[_RedisLock | _FileLo
     if not lock.acquire(0):
         log.warning("another process is publishing the index %r in %s; waiting for it to finish", name,
                     describe(store))
+        waited = 0.0
         while not lock.acquire(LOCK_POLL_S):
             check()
+            waited += LOCK_POLL_S
+            if wait_s is not None and waited >= wait_s:
+                raise PublishLockBusy(f"another process has held the publish lock of the index {name!r} in "
+                                      f"{describe(store)} for over {wait_s:g} s, and still does; nothing was changed: "
+                                      "try again once it has published, or wait longer")
     try:
         yield lock
     finally:
@@ -220,14 +231,16 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
 
 
 def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | None, record: VersionRecord,
-                   writes: dict[str, bytes], lock: _RedisLock | _FileLock,
-                   cache: SegmentCache | None = None) -> tuple[bytes, Pointer, VersionRecord]:
+                   writes: dict[str, bytes], lock: _RedisLock | _FileLock, cache: SegmentCache | None = None,
+                   broken: Sequence[int] = ()) -> tuple[bytes, Pointer, VersionRecord]:
     """Write the segments `writes` (by sha256), then `record`, then the pointer to it (the commit), keeping the
-    versions before it that `options` keeps; then remove those retired and what only they list. A write the store
-    refuses leaves the version before current, and the segments written are removed again where the store lets."""
+    versions before it that `options` keeps but those `broken`; then remove those retired and what only they list. A
+    write the store refuses leaves the version before current, and the segments written are removed again where the
+    store lets."""
     name, version = options.name, record.version
-    earlier = [] if base is None else [*base.kept, base.version]
+    earlier = [] if base is None else [v for v in [*base.kept, base.version] if v not in broken]
     kept = earlier[len(earlier) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
+    earlier = [] if base is None else [*base.kept, base.version]
     listed = {ref.sha256 for ref in record.segments}
     check_sizes(store, options.segment_bytes, record, writes)
     _remove_pending(store, name, base)
@@ -365,6 +378,6 @@ def _sha256(data: bytes) -> str:
 
 
 __all__: list[str] = [
-    "LOCK_TTL_S", "PublishLockLost", "PublishOptions", "chunk_runs", "commit_version", "merge_groups", "publish_lock",
+    "LOCK_TTL_S", "PublishLockBusy", "PublishLockLost", "PublishOptions", "chunk_runs", "commit_version", "merge_groups", "publish_lock",
     "publish_version", "published_texts", "remove_versions",
 ]

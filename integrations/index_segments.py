@@ -168,7 +168,8 @@ def put(store: NuggetStore, key: str, value: bytes) -> None:
         store.byte_store.mset([(key, value)])
     except Exception as err:
         raise StoreUnavailableError(f"could not write {key} to the nugget store {describe(store)}: {err}; the "
-                                    "published index is as it was") from err
+                                    "published index is as it was: make the store take writes (its memory, disk, "
+                                    "permissions), then publish again") from err
 
 
 def delete(store: NuggetStore, keys: Sequence[str]) -> None:
