@@ -5,6 +5,7 @@
     nugget-rag ask "How do I parse JSON?" --index my-index
     nugget-rag prune --index my-index
     nugget-rag jobs resume ingest-1f0e... --index my-index
+    nugget-rag index check --store redis://head:6379/0 --repair
     nugget-rag inspect README.md --html nuggets.html
     nugget-rag train --config configs/recipe-r10.yaml
     nugget-rag eval --tasks squad --ratios 10 --limit 20
