@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from filelock import FileLock, Timeout
@@ -61,6 +61,10 @@ LOCK_TTL_S = 600  # a Redis lock whose holder died is free after this long
 LOCK_POLL_S = 0.5  # how often a wait for another publisher checks whether its request was cancelled
 _LOCAL_LOCKS: dict[tuple[int, str], threading.Lock] = {}
 _LOCAL_LOCKS_GUARD = threading.Lock()
+
+
+Published = tuple[bytes, Pointer, VersionRecord]  # a version published: its pointer (bytes and value) and record
+Committed = Callable[[bytes, Pointer, VersionRecord], None]
 
 
 class PublishOptions(BaseModel):
@@ -184,11 +188,12 @@ def publish_lock(store: NuggetStore, name: str, wait_s: float | None = None) -> 
 
 # ---------------------------------------------------------------------------------------------- publishing
 def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Pointer, VersionRecord] | None,
-                    index: NuggetIndex, appended_from: int, lock: _RedisLock | _FileLock,
-                    compact: bool = False, cache: SegmentCache | None = None) -> tuple[bytes, Pointer, VersionRecord]:
+                    index: NuggetIndex, appended_from: int, lock: _RedisLock | _FileLock, compact: bool = False,
+                    cache: SegmentCache | None = None, committed: Committed | None = None) -> Published:
     """Publish `index` (its own FAISS) as the version after `base` (the current one, None: the first), under `lock`.
     Its first `appended_from` chunks are `base`'s, whose segments it keeps (0: every segment is written anew); the
-    segments written go into `cache` too. Returns the new pointer (bytes and value) and record."""
+    segments written go into `cache` too. Returns the new pointer (bytes and value) and record, also given to
+    `committed` as soon as the pointer is written (commit_version)."""
     name = options.name
     if base is not None and appended_from == base[1].count:
         refs, start = list(base[1].segments), base[1].count
@@ -224,7 +229,8 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
     copies = {ref.sha256: (lambda i=i: encoded(*spans[i])) for i, ref in enumerate(refs)}
     check()  # the last point a cancelled request stops at: what follows is quick, and lands whole
     writes |= verify_listed(store, name, base, [ref for ref in merged if ref.sha256 not in new], copies, cache)
-    published = commit_version(store, options, None if base is None else base[0], record, writes, lock, cache)
+    published = commit_version(store, options, None if base is None else base[0], record, writes, lock, cache,
+                               committed=committed)
     log.info("published version %d of the index %r in %s: %d chunks in %d segments (%d written)", version, name,
              describe(store), record.count, len(merged), len(writes))
     return published
@@ -232,11 +238,12 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
 
 def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | None, record: VersionRecord,
                    writes: dict[str, bytes], lock: _RedisLock | _FileLock, cache: SegmentCache | None = None,
-                   broken: Sequence[int] = ()) -> tuple[bytes, Pointer, VersionRecord]:
+                   broken: Sequence[int] = (), committed: Committed | None = None) -> Published:
     """Write the segments `writes` (by sha256), then `record`, then the pointer to it (the commit), keeping the
-    versions before it that `options` keeps but those `broken`; then remove those retired and what only they list. A
-    write the store refuses leaves the version before current, and the segments written are removed again where the
-    store lets."""
+    versions before it that `options` keeps but those `broken`, and call `committed` (so that this process's
+    readers take the new version now, not load it themselves while the rest runs); then remove the versions retired
+    and what only they list. A write the store refuses leaves the version before current, and the segments written
+    are removed again where the store lets."""
     name, version = options.name, record.version
     earlier = [] if base is None else [v for v in [*base.kept, base.version] if v not in broken]
     kept = earlier[len(earlier) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
@@ -259,6 +266,8 @@ def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | 
         if get(store, pointer_key(name)) != pointer_bytes:  # not committed after all
             _forget_writes(store, name, base)
         raise
+    if committed is not None:
+        committed(pointer_bytes, pointer, record)
     store.register_index(published_location(name))  # its chunks' states are kept by prune
     retry = [] if base is None else base.retired  # should the publish before have stopped while removing them
     remove_versions(store, name, [*pointer.retired, *retry], listed | _listed(store, name, kept))

@@ -185,7 +185,7 @@ class PublishedIndex:
                 if added:
                     base = None if held.pointer is None else (held.pointer, held.record)
                     published = publish_version(store, self.options, base, working, len(held.index), lock,
-                                                cache=self.cache)
+                                                cache=self.cache, committed=lambda *new: self._swap(_Held(*new, working)))
                     held = _Held(*published, working)
             self._swap(held)
         return added
@@ -203,7 +203,8 @@ class PublishedIndex:
                 self._swap(held)
                 return False
             published = publish_version(store, self.options, (held.pointer, held.record), held.index,
-                                        held.record.count, lock, compact=True, cache=self.cache)
+                                        held.record.count, lock, compact=True, cache=self.cache,
+                                        committed=lambda *new: self._swap(_Held(*new, held.index)))
         self._swap(_Held(*published, held.index))
         return True
 
