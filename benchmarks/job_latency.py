@@ -3,14 +3,16 @@ process) over an in-memory index, questions from `--clients` clients, first with
 `--documents`-document job (POST /ingest/jobs) runs on its lower-priority thread.
 
     python benchmarks/job_latency.py [--documents 500] [--clients 4] [--idle 40] [--during 10] [--runs 3]
-                                     [--store redis://127.0.0.1:6379/0 | DIR] [--out benchmarks/results/job-latency]
+                                     [--store redis://127.0.0.1:6379/0 | DIR] [--model tiny|default]
+                                     [--out benchmarks/results/job-latency]
 
 With `--store`, the server serves the index published in that nugget store (as `nugget-rag serve --store` does:
 each job step publishes a version, verified before its commit), under a name of its own each run; without it, an
 index in memory.
 
 The model is the tests' tiny random LLaMA shape on SmolLM2's tokenizer (benchmarks/store_scale.py), retrieval by
-hashed words: an answer costs what the server's path costs, so the figure is how much the job slows that path. Each
+hashed words: an answer costs what the server's path costs, so the figure is how much the job slows that path
+(`--model default`: SmolLM2-135M-Instruct with the shipped checkpoint, where compression and decoding share the CPU). Each
 run is a fresh server: `--idle` non-streamed /ask (k = 2, at most 4 new tokens) from the clients, then the job, and
 each client asks up to `--during` questions while it is queued or running. Reported per run: p50/p95 latency idle
 and during the job, their ratios, the questions asked during it, how long the job took, and (a published index) the
@@ -43,6 +45,7 @@ from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.integrations import NuggetIndex
 from nugget_rag.integrations.index_publishing import PublishOptions
 from nugget_rag.integrations.published_index import PublishedIndex
+from nugget_rag.model.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.serving import create_app, serve_in_thread
 from nugget_rag.state.store import StoreLocation
 
@@ -77,23 +80,29 @@ def p95(latencies: list[float]) -> float:
     return statistics.quantiles(latencies, n=20)[-1]
 
 
-def served_index(store: str | None, cache: Path) -> NuggetIndex | PublishedIndex:
-    """The index the server answers over: in memory, or published in `store` under a new name, holding TEXTS."""
+def served_index(store: str | None, cache: Path, model: str) -> NuggetIndex | PublishedIndex:
+    """The index the server answers over: in memory, or published in `store` under a new name, holding TEXTS; its
+    model the tiny one, or the default (SmolLM2-135M-Instruct and the shipped checkpoint)."""
     settings = {"chunk_tokens": 64, "chunk_overlap": 0}
-    if store is None:
-        index = NuggetIndex(NuggetCompressor(model=tiny_model(), store=NuggetStore()), WordHashEmbeddings(), **settings)
+    nuggets = NuggetStore() if store is None else StoreLocation.parse(store).open()
+    if model == "tiny":
+        compressor = NuggetCompressor(model=tiny_model(), store=nuggets)
     else:
-        compressor = NuggetCompressor(model=tiny_model(), store=StoreLocation.parse(store).open())
+        compressor = NuggetCompressor.from_pretrained(DEFAULT_CHECKPOINT, store=nuggets, device="cpu")
+    if store is None:
+        index = NuggetIndex(compressor, WordHashEmbeddings(), **settings)
+    else:
         index = PublishedIndex(compressor, WordHashEmbeddings(), PublishOptions(name=f"bench-{uuid.uuid4().hex[:8]}"),
                                cache_dir=cache, **settings)
     index.ingest([Document(page_content=t) for t in TEXTS])
     return index
 
 
-def one_run(documents: int, clients: int, idle_questions: int, during_each: int, store: str | None) -> dict:
+def one_run(documents: int, clients: int, idle_questions: int, during_each: int, store: str | None,
+            model: str) -> dict:
     """Idle latencies, then latencies while a `documents`-document job runs, on a fresh server."""
     with tempfile.TemporaryDirectory() as cache:
-        return measured(served_index(store, Path(cache)), documents, clients, idle_questions, during_each)
+        return measured(served_index(store, Path(cache), model), documents, clients, idle_questions, during_each)
 
 
 class Loads(logging.Handler):
@@ -162,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="fresh servers, one after the other (default 3)")
     parser.add_argument("--store", help="serve the index published in this nugget store (a Redis URL, or a "
                         "directory); default: an index in memory")
+    parser.add_argument("--model", choices=["tiny", "default"], default="tiny", help="the tests' tiny model (an "
+                        "answer costs the server's path), or the default one (SmolLM2-135M-Instruct)")
     parser.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
     if min(args.documents, args.clients, args.idle, args.during, args.runs) < 1:
@@ -170,11 +181,12 @@ def main(argv: list[str] | None = None) -> int:
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
                          f"load average {os.getloadavg()[0]:.1f} before",
-              "setup": f"{args.clients} clients, a {args.documents}-document job, tiny model, hashed-word retrieval, "
+              "setup": f"{args.clients} clients, a {args.documents}-document job, {args.model} model, hashed-word "
+                       "retrieval, "
                        + ("an index in memory" if args.store is None else "the index published in the store"),
               "runs": []}
     for run in range(args.runs):
-        report["runs"].append(one_run(args.documents, args.clients, args.idle, args.during, args.store))
+        report["runs"].append(one_run(args.documents, args.clients, args.idle, args.during, args.store, args.model))
         print(f"run {run + 1}: {report['runs'][-1]}", flush=True)
     text = markdown(report)
     print(text)
