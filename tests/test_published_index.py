@@ -133,6 +133,21 @@ def test_a_question_racing_publishes_reads_one_version_whole(model, redis_url, t
     assert {ids for ids, *_ in reads} - {()}, "the reader saw no published version"
 
 
+def test_questions_during_a_publish_take_the_version_it_hands_them(model, redis_url, tmp_path, monkeypatch, caplog):
+    index = handle(model, redis_url, tmp_path / "a")
+    index.ingest(DOCS[:1])
+    real, seen = index_publishing.remove_versions, []
+
+    def after_the_commit(*args):  # a question while the publish removes what it retired
+        seen.append(len(index.current()))
+        return real(*args)
+
+    monkeypatch.setattr(index_publishing, "remove_versions", after_the_commit)
+    with caplog.at_level("INFO", logger="nugget_rag.integrations.published_index"):
+        index.ingest(DOCS[1:2])
+    assert seen == [2] and "loaded version" not in caplog.text  # the new version, not loaded again by the question
+
+
 def test_old_versions_are_removed_once_the_pointer_moves_on(model, redis_url, tmp_path):
     index = handle(model, redis_url, tmp_path / "a", keep_versions=2)
     for doc in DOCS[:4]:
