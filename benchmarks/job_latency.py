@@ -119,7 +119,8 @@ class Loads(logging.Handler):
 
 def measured(index: NuggetIndex | PublishedIndex, documents: int, clients: int, idle_questions: int,
              during_each: int) -> dict:
-    notes = [f"Note {i}: the falcon number {i} hunts over river {i % 7}." for i in range(documents)]
+    run = uuid.uuid4().hex[:6]  # texts of this run only: a shared store holds no state of them yet
+    notes = [f"Note {i} of {run}: the falcon number {i} hunts over river {i % 7}." for i in range(documents)]
     loads, logger = Loads(), logging.getLogger(PublishedIndex.__module__)
     logger.setLevel(logging.INFO)
     logger.addHandler(loads)
