@@ -12,12 +12,12 @@ index in memory.
 
 The model is the tests' tiny random LLaMA shape on SmolLM2's tokenizer (benchmarks/store_scale.py), retrieval by
 hashed words: an answer costs what the server's path costs, so the figure is how much the job slows that path
-(`--model default`: SmolLM2-135M-Instruct with the shipped checkpoint, where compression and decoding share the CPU). Each
-run is a fresh server: `--idle` non-streamed /ask (k = 2, at most 4 new tokens) from the clients, then the job, and
-each client asks up to `--during` questions while it is queued or running. Reported per run: p50/p95 latency idle
-and during the job, their ratios, the questions asked during it, how long the job took, and (a published index) the
-versions the server loaded itself rather than took from the job's own publish. Figures from one run
-compare within it: a shared CPU's load moves both.
+(`--model default`: SmolLM2-135M-Instruct with the shipped checkpoint, where compression and decoding share the
+CPU). Each run is a fresh server: `--idle` non-streamed /ask (k = 2, at most 4 new tokens) from the clients, then
+the job, and each client asks up to `--during` questions while it is queued or running. Reported per run: p50/p95
+latency idle and during the job, their ratios, the questions asked during it, how long the job took, and (a
+published index) the versions the server loaded itself rather than took from the job's own publish. Figures from
+one run compare within it: a shared CPU's load moves both.
 """
 
 from __future__ import annotations

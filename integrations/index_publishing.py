@@ -245,9 +245,9 @@ def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | 
     and what only they list. A write the store refuses leaves the version before current, and the segments written
     are removed again where the store lets."""
     name, version = options.name, record.version
-    earlier = [] if base is None else [v for v in [*base.kept, base.version] if v not in broken]
-    kept = earlier[len(earlier) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
     earlier = [] if base is None else [*base.kept, base.version]
+    whole = [v for v in earlier if v not in broken]
+    kept = whole[len(whole) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
     listed = {ref.sha256 for ref in record.segments}
     check_sizes(store, options.segment_bytes, record, writes)
     _remove_pending(store, name, base)
@@ -387,6 +387,6 @@ def _sha256(data: bytes) -> str:
 
 
 __all__: list[str] = [
-    "LOCK_TTL_S", "PublishLockBusy", "PublishLockLost", "PublishOptions", "chunk_runs", "commit_version", "merge_groups", "publish_lock",
-    "publish_version", "published_texts", "remove_versions",
+    "LOCK_TTL_S", "PublishLockBusy", "PublishLockLost", "PublishOptions", "chunk_runs", "commit_version",
+    "merge_groups", "publish_lock", "publish_version", "published_texts", "remove_versions",
 ]

@@ -142,10 +142,11 @@ def repair_command(store: NuggetStore, name: str) -> str:
 
 def damaged(store: NuggetStore, name: str, version: int, key: str, kind: str) -> DamagedIndexError:
     """The error of a part (`key`) of `version` that is "missing" or "altered", naming the repair."""
-    what = "missing" if kind == "missing" else "altered (its sha256 is not the one it is named by: truncated or changed)"
+    what = "missing" if kind == "missing" else "altered (its sha256 is not the one it is named by: truncated or " \
+        "changed)"
     return DamagedIndexError(f"{key} in the nugget store {describe(store)} is {what}; version {version} of the index "
-                             f"{name!r} lists it. Publishing again does not mend it: run `{repair_command(store, name)}`",
-                             kind, key, version)
+                             f"{name!r} lists it. Publishing again does not mend it: run "
+                             f"`{repair_command(store, name)}`", kind, key, version)
 
 
 def intact(data: bytes | None, ref: SegmentRef) -> bool:

@@ -185,8 +185,11 @@ class PublishedIndex:
                     held = newest
                 if added:
                     base = None if held.pointer is None else (held.pointer, held.record)
+                    def handed(*new: Any, working: NuggetIndex = working) -> None:  # questions get it at the commit
+                        self._swap(_Held(*new, working))
+
                     published = publish_version(store, self.options, base, working, len(held.index), lock,
-                                                cache=self.cache, committed=lambda *new: self._swap(_Held(*new, working)))
+                                                cache=self.cache, committed=handed)
                     held = _Held(*published, working)
             self._swap(held)
         return added
