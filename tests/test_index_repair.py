@@ -182,6 +182,22 @@ def test_repair_writes_a_segment_again_from_this_machines_cache(model, redis_url
     assert segments_verify(redis_url, writer) and writer.record.version == 1
 
 
+def test_repair_rebuilds_a_segment_from_another_versions_chunks(model, redis_url, cli_on, capsys):
+    writer = handle(model, redis_url, None)
+    for doc in DOCS[:3]:
+        writer.ingest([doc])
+    assert writer.compact() and len(writer.record.segments) == 1  # version 4: one segment; version 3 kept: three
+    merged = segment_key("default", writer.record.segments[0].sha256)
+    client(redis_url).setrange(f"nugget-rag/{merged}", 80, b"#")
+    state = writer.current().documents[0].metadata["nuggets"]["key"]
+    client(redis_url).delete(f"nugget-rag/{state}")
+    assert cli.main(["index", "check", "--store", redis_url, "--repair"]) == 0
+    out = capsys.readouterr().out
+    assert f"repaired: wrote {merged} again from the chunks of version 3" in out
+    assert "warning: 1 of 3 chunks name a nugget state the store lacks" in out and out.strip().endswith("ok")
+    assert segments_verify(redis_url, writer)
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def test_a_store_that_refuses_writes_mid_publish_leaves_the_version_before(model, redis_url, monkeypatch):
     writer = handle(model, redis_url, None)
