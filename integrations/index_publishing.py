@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from filelock import FileLock, Timeout
@@ -50,8 +50,10 @@ from .index_segments import (
     read_record,
     read_version,
     segment_key,
+    sources_of,
     version_key,
 )
+from .index_verify import check_sizes, verify_listed
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,10 @@ LOCK_TTL_S = 600  # a Redis lock whose holder died is free after this long
 LOCK_POLL_S = 0.5  # how often a wait for another publisher checks whether its request was cancelled
 _LOCAL_LOCKS: dict[tuple[int, str], threading.Lock] = {}
 _LOCAL_LOCKS_GUARD = threading.Lock()
+
+
+Published = tuple[bytes, Pointer, VersionRecord]  # a version published: its pointer (bytes and value) and record
+Committed = Callable[[bytes, Pointer, VersionRecord], None]
 
 
 class PublishOptions(BaseModel):
@@ -147,10 +153,15 @@ class _ProcessLock(_FileLock):
         self.thread_lock.release()
 
 
+class PublishLockBusy(TimeoutError):
+    """Another publisher held the lock longer than the wait given."""
+
+
 @contextmanager
-def publish_lock(store: NuggetStore, name: str) -> Iterator[_RedisLock | _FileLock]:
-    """Hold the lock of the index `name` in `store`, waiting (and logging that) while another publisher holds it; a
-    cancelled request (cancellation.py) stops waiting."""
+def publish_lock(store: NuggetStore, name: str, wait_s: float | None = None) -> Iterator[_RedisLock | _FileLock]:
+    """Hold the lock of the index `name` in `store`, waiting (and logging that) while another publisher holds it, at
+    most `wait_s` seconds (None: as long as it takes; then PublishLockBusy); a cancelled request (cancellation.py)
+    stops waiting."""
     location = store.location
     if location is not None and location.is_redis:
         lock: _RedisLock | _FileLock = _RedisLock(store, name)
@@ -161,8 +172,14 @@ def publish_lock(store: NuggetStore, name: str) -> Iterator[_RedisLock | _FileLo
     if not lock.acquire(0):
         log.warning("another process is publishing the index %r in %s; waiting for it to finish", name,
                     describe(store))
+        waited = 0.0
         while not lock.acquire(LOCK_POLL_S):
             check()
+            waited += LOCK_POLL_S
+            if wait_s is not None and waited >= wait_s:
+                raise PublishLockBusy(f"another process has held the publish lock of the index {name!r} in "
+                                      f"{describe(store)} for over {wait_s:g} s, and still does; nothing was changed: "
+                                      "try again once it has published, or wait longer")
     try:
         yield lock
     finally:
@@ -171,11 +188,12 @@ def publish_lock(store: NuggetStore, name: str) -> Iterator[_RedisLock | _FileLo
 
 # ---------------------------------------------------------------------------------------------- publishing
 def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Pointer, VersionRecord] | None,
-                    index: NuggetIndex, appended_from: int, lock: _RedisLock | _FileLock,
-                    compact: bool = False, cache: SegmentCache | None = None) -> tuple[bytes, Pointer, VersionRecord]:
+                    index: NuggetIndex, appended_from: int, lock: _RedisLock | _FileLock, compact: bool = False,
+                    cache: SegmentCache | None = None, committed: Committed | None = None) -> Published:
     """Publish `index` (its own FAISS) as the version after `base` (the current one, None: the first), under `lock`.
     Its first `appended_from` chunks are `base`'s, whose segments it keeps (0: every segment is written anew); the
-    segments written go into `cache` too. Returns the new pointer (bytes and value) and record."""
+    segments written go into `cache` too. Returns the new pointer (bytes and value) and record, also given to
+    `committed` as soon as the pointer is written (commit_version)."""
     name = options.name
     if base is not None and appended_from == base[1].count:
         refs, start = list(base[1].segments), base[1].count
@@ -188,9 +206,12 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
         spans.append((a, a + ref.count))
     new: dict[str, bytes] = {}
 
+    def encoded(a: int, b: int) -> bytes:
+        return encode_segment(chunks[a:b], faiss_vectors(index.vectorstore, a, b))
+
     def segment(a: int, b: int) -> SegmentRef:
-        data = encode_segment(chunks[a:b], faiss_vectors(index.vectorstore, a, b))
-        ref = SegmentRef(sha256=_sha256(data), count=b - a, nbytes=len(data))
+        data = encoded(a, b)
+        ref = SegmentRef(sha256=_sha256(data), count=b - a, nbytes=len(data), sources=sources_of(chunks[a:b]))
         new[ref.sha256] = data
         return ref
 
@@ -203,32 +224,58 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
     version = 1 if base is None else base[0].version + 1
     record = VersionRecord(name=name, version=version, count=len(chunks), dimension=dimension,
                            manifest=index.manifest(), segments=merged)
-    earlier = [] if base is None else [*base[0].kept, base[0].version]
-    kept = earlier[len(earlier) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
     listed = {ref.sha256 for ref in merged}
-    writes = [sha for sha in new if sha in listed]
+    writes = {sha: data for sha, data in new.items() if sha in listed}
+    copies = {ref.sha256: (lambda i=i: encoded(*spans[i])) for i, ref in enumerate(refs)}
     check()  # the last point a cancelled request stops at: what follows is quick, and lands whole
+    writes |= verify_listed(store, name, base, [ref for ref in merged if ref.sha256 not in new], copies, cache)
+    published = commit_version(store, options, None if base is None else base[0], record, writes, lock, cache,
+                               committed=committed)
+    log.info("published version %d of the index %r in %s: %d chunks in %d segments (%d written)", version, name,
+             describe(store), record.count, len(merged), len(writes))
+    return published
+
+
+def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | None, record: VersionRecord,
+                   writes: dict[str, bytes], lock: _RedisLock | _FileLock, cache: SegmentCache | None = None,
+                   broken: Sequence[int] = (), committed: Committed | None = None) -> Published:
+    """Write the segments `writes` (by sha256), then `record`, then the pointer to it (the commit), keeping the
+    versions before it that `options` keeps but those `broken`, and call `committed` (so that this process's
+    readers take the new version now, not load it themselves while the rest runs); then remove the versions retired
+    and what only they list. A write the store refuses leaves the version before current, and the segments written
+    are removed again where the store lets."""
+    name, version = options.name, record.version
+    earlier = [] if base is None else [*base.kept, base.version]
+    whole = [v for v in earlier if v not in broken]
+    kept = whole[len(whole) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
+    listed = {ref.sha256 for ref in record.segments}
+    check_sizes(store, options.segment_bytes, record, writes)
     _remove_pending(store, name, base)
-    put(store, pending_key(name), json.dumps(writes).encode())
-    for sha in writes:
-        put(store, segment_key(name, sha), new[sha])
+    put(store, pending_key(name), json.dumps(list(writes)).encode())
     record_bytes = record.model_dump_json().encode()
-    put(store, version_key(name, version), record_bytes)
     pointer = Pointer(version=version, sha256=_sha256(record_bytes), kept=kept,
                       retired=[v for v in earlier if v not in kept])
     pointer_bytes = pointer.model_dump_json().encode()
-    lock.confirm()
-    put(store, pointer_key(name), pointer_bytes)  # the commit
+    try:
+        for sha, data in writes.items():
+            put(store, segment_key(name, sha), data)
+        put(store, version_key(name, version), record_bytes)
+        lock.confirm()
+        put(store, pointer_key(name), pointer_bytes)  # the commit
+    except Exception:
+        if get(store, pointer_key(name)) != pointer_bytes:  # not committed after all
+            _forget_writes(store, name, base)
+        raise
+    if committed is not None:
+        committed(pointer_bytes, pointer, record)
     store.register_index(published_location(name))  # its chunks' states are kept by prune
-    retry = [] if base is None else base[0].retired  # should the publish before have stopped while removing them
+    retry = [] if base is None else base.retired  # should the publish before have stopped while removing them
     remove_versions(store, name, [*pointer.retired, *retry], listed | _listed(store, name, kept))
     delete(store, [pending_key(name)])
     if cache is not None:
-        for sha in writes:
-            cache.put(sha, new[sha])
+        for sha, data in writes.items():
+            cache.put(sha, data)
         cache.keep(listed)
-    log.info("published version %d of the index %r in %s: %d chunks in %d segments (%d written)", version, name,
-             describe(store), record.count, len(merged), len(writes))
     return pointer_bytes, pointer, record
 
 
@@ -292,6 +339,17 @@ def _listed(store: NuggetStore, name: str, versions: Sequence[int]) -> set[str]:
     return listed
 
 
+def _forget_writes(store: NuggetStore, name: str, base: Pointer | None) -> None:
+    """After a publish failed before its commit: remove the segments it wrote (but those a kept version lists), and
+    its pending record, where the store lets; what stays is removed by the next publish."""
+    try:
+        _remove_pending(store, name, None if base is None else (base, read_record(store, name, base.version)))
+        delete(store, [pending_key(name)])
+    except Exception as err:  # the store refuses deletes too: the pending record names them for the next publish
+        log.warning("the segments of a failed publish of %r stay in %s until the next publish: %s", name,
+                    describe(store), err)
+
+
 def _remove_pending(store: NuggetStore, name: str, base: tuple[Pointer, VersionRecord] | None) -> None:
     """Remove the segments a publish that stopped before its commit wrote, but those a kept version lists."""
     data = get(store, pending_key(name))
@@ -329,6 +387,6 @@ def _sha256(data: bytes) -> str:
 
 
 __all__: list[str] = [
-    "LOCK_TTL_S", "PublishLockLost", "PublishOptions", "chunk_runs", "merge_groups", "publish_lock",
-    "publish_version", "published_texts", "remove_versions",
+    "LOCK_TTL_S", "PublishLockBusy", "PublishLockLost", "PublishOptions", "chunk_runs", "commit_version",
+    "merge_groups", "publish_lock", "publish_version", "published_texts", "remove_versions",
 ]

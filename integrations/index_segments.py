@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +33,8 @@ from nugget_rag.state.store import NuggetStore, StoreUnavailableError
 
 from .index_files import IndexFileError
 
+log = logging.getLogger(__name__)
+
 PREFIX = "published-index"
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 VERSION_FORMAT = "nugget-rag/published-index-v1"
@@ -40,8 +43,22 @@ SEGMENT_MAGIC = b"nugget-rag/index-segment-v1\n"
 HEADER_BYTES = 8  # the length of a segment's JSON part, big-endian
 
 
+class DamagedIndexError(IndexFileError):
+    """A part (`key`) that version `version` of a published index lists is "missing" from the store, or "altered":
+    no retry helps; `nugget-rag index check --repair` does."""
+
+    def __init__(self, message: str, kind: str, key: str, version: int):
+        super().__init__(message)
+        self.kind, self.key, self.version = kind, key, version
+
+
 class VersionRemovedError(LookupError):
-    """A version (or one of its segments) was removed while it was read: a newer one was published meanwhile."""
+    """A version (or one of its segments) is no longer in the store: removed while it was read, as a newer one was
+    published (a race), unless the pointer still names it: then `damage` says what is missing."""
+
+    def __init__(self, message: str, damage: DamagedIndexError):
+        super().__init__(message)
+        self.damage = damage
 
 
 class SegmentRef(BaseModel):
@@ -52,6 +69,7 @@ class SegmentRef(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     count: int = Field(ge=1)
     nbytes: int = Field(ge=1)
+    sources: list[str] = []  # its chunks' sources: what to ingest again should the segment be lost
 
 
 class VersionRecord(BaseModel):
@@ -117,6 +135,25 @@ def describe(store: NuggetStore) -> str:
     return str(store.location) if store.location is not None else type(store.byte_store).__name__
 
 
+def repair_command(store: NuggetStore, name: str) -> str:
+    """The command that checks and repairs the index `name` in `store`."""
+    return f"nugget-rag index check --store '{describe(store)}' --name {name} --repair"
+
+
+def damaged(store: NuggetStore, name: str, version: int, key: str, kind: str) -> DamagedIndexError:
+    """The error of a part (`key`) of `version` that is "missing" or "altered", naming the repair."""
+    what = "missing" if kind == "missing" else "altered (its sha256 is not the one it is named by: truncated or " \
+        "changed)"
+    return DamagedIndexError(f"{key} in the nugget store {describe(store)} is {what}; version {version} of the index "
+                             f"{name!r} lists it. Publishing again does not mend it: run "
+                             f"`{repair_command(store, name)}`", kind, key, version)
+
+
+def intact(data: bytes | None, ref: SegmentRef) -> bool:
+    """Whether `data` is the segment `ref` names (its sha256)."""
+    return data is not None and hashlib.sha256(data).hexdigest() == ref.sha256
+
+
 # ---------------------------------------------------------------------------------------------- the store
 def get(store: NuggetStore, key: str) -> bytes | None:
     """The value at `key`, or None; a StoreUnavailableError naming the store when it cannot be read."""
@@ -132,7 +169,8 @@ def put(store: NuggetStore, key: str, value: bytes) -> None:
         store.byte_store.mset([(key, value)])
     except Exception as err:
         raise StoreUnavailableError(f"could not write {key} to the nugget store {describe(store)}: {err}; the "
-                                    "published index is as it was") from err
+                                    "published index is as it was: make the store take writes (its memory, disk, "
+                                    "permissions), then publish again") from err
 
 
 def delete(store: NuggetStore, keys: Sequence[str]) -> None:
@@ -164,10 +202,11 @@ def read_record(store: NuggetStore, name: str, version: int, sha256: str | None 
     key = version_key(name, version)
     data = get(store, key)
     if data is None:
-        raise VersionRemovedError(f"{key} is no longer in the nugget store {describe(store)}")
+        raise VersionRemovedError(f"{key} is no longer in the nugget store {describe(store)}",
+                                  damaged(store, name, version, key, "missing"))
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise IndexFileError(f"{key} in the nugget store {describe(store)} is not the record its pointer names (its "
-                             "sha256 differs): truncated or altered; publish the index again")
+                             f"sha256 differs): truncated or altered; run `{repair_command(store, name)}`")
     record = parse(VersionRecord, data, key, store)
     if (record.name, record.version) != (name, version):
         raise IndexFileError(f"{key} in the nugget store {describe(store)} holds the record of {record.name!r} "
@@ -197,12 +236,14 @@ def encode_segment(chunks: Sequence[Document], vectors: np.ndarray) -> bytes:
     return SEGMENT_MAGIC + len(header).to_bytes(HEADER_BYTES, "big") + header + vectors.astype("<f4").tobytes()
 
 
+def sources_of(chunks: Sequence[Document]) -> list[str]:
+    """The sources of `chunks` (their documents' "source", else the chunk's id), each once, in order."""
+    return list(dict.fromkeys(str(d.metadata.get("source") or f"chunk {d.id}") for d in chunks))
+
+
 def decode_segment(data: bytes, ref: SegmentRef, dimension: int | None, where: str) -> Segment:
-    """The chunks and vectors of a segment, checked against its `ref` (sha256, count) and the version's
+    """The chunks and vectors of a segment `intact` already, checked against its `ref` (count) and the version's
     `dimension`; an IndexFileError naming `where` (its key) otherwise."""
-    if hashlib.sha256(data).hexdigest() != ref.sha256:
-        raise IndexFileError(f"{where} is truncated or altered (its sha256 is not the one its name and the version "
-                             "record give); publish the index again")
     start = len(SEGMENT_MAGIC) + HEADER_BYTES
     if not data.startswith(SEGMENT_MAGIC) or len(data) < start:
         raise IndexFileError(f"{where} is not a segment of a published nugget-rag index")
@@ -235,7 +276,10 @@ class SegmentCache:
             data = (self.directory / f"{sha256}.segment").read_bytes()
         except FileNotFoundError:
             return None
-        return data if hashlib.sha256(data).hexdigest() == sha256 else None  # damaged: read from the store again
+        if hashlib.sha256(data).hexdigest() == sha256:
+            return data
+        log.warning("the cached segment %s is damaged: it is read from the store instead", self.directory / sha256)
+        return None
 
     def put(self, sha256: str, data: bytes) -> None:
         write_atomic(self.directory / f"{sha256}.segment", data)
@@ -265,8 +309,11 @@ def read_version(store: NuggetStore, name: str, version: int, sha256: str | None
             if data is None:
                 data = get(store, key)
                 if data is None:
-                    raise VersionRemovedError(f"{key} is no longer in the nugget store {describe(store)}")
-                if cache is not None and hashlib.sha256(data).hexdigest() == ref.sha256:
+                    raise VersionRemovedError(f"{key} is no longer in the nugget store {describe(store)}",
+                                              damaged(store, name, version, key, "missing"))
+                if not intact(data, ref):
+                    raise damaged(store, name, version, key, "altered")
+                if cache is not None:
                     cache.put(ref.sha256, data)
             found = decode_segment(data, ref, record.dimension, f"{key} in {describe(store)}")
         chunks += found[0]
@@ -281,7 +328,8 @@ def read_version(store: NuggetStore, name: str, version: int, sha256: str | None
 
 
 __all__: list[str] = [
-    "PREFIX", "Pointer", "Segment", "SegmentCache", "SegmentRef", "VersionRecord", "VersionRemovedError", "check_name",
-    "decode_segment", "delete", "describe", "encode_segment", "get", "pending_key", "pointer_key",
-    "published_location", "put", "read_pointer", "read_record", "read_version", "segment_key", "version_key",
+    "PREFIX", "DamagedIndexError", "Pointer", "Segment", "SegmentCache", "SegmentRef", "VersionRecord",
+    "VersionRemovedError", "check_name", "damaged", "decode_segment", "delete", "describe", "encode_segment", "get",
+    "intact", "pending_key", "pointer_key", "published_location", "put", "read_pointer", "read_record",
+    "read_version", "repair_command", "segment_key", "sources_of", "version_key",
 ]

@@ -15,8 +15,8 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +121,7 @@ class PublishedIndex:
         self._held: _Held | None = None
         self._loading = threading.Lock()  # one load at a time; questions never wait on it once a version is held
         self._swapping = threading.Lock()
+        self._publishing = 0  # publishes of this process under way: they hand questions the new version at the commit
         self.current()
 
     @property
@@ -138,7 +139,7 @@ class PublishedIndex:
         found = read_pointer(self.compressor.store, self.options.name)
         raw = None if found is None else found[0]
         held = self._held
-        if held is not None and held.raw == raw:
+        if held is not None and (held.raw == raw or self._publishing):
             return held.index
         if not self._loading.acquire(blocking=held is None):  # another thread loads it: the held one meanwhile
             return held.index
@@ -176,7 +177,7 @@ class PublishedIndex:
             if not added:
                 return 0
             store, name = self.compressor.store, self.options.name
-            with publish_lock(store, name) as lock:
+            with self._publish_lock() as lock:
                 found = read_pointer(store, name)
                 if (None if found is None else found[0]) != held.raw:  # another publish landed meanwhile
                     newest = self._load(found)
@@ -184,8 +185,11 @@ class PublishedIndex:
                     held = newest
                 if added:
                     base = None if held.pointer is None else (held.pointer, held.record)
+                    def handed(*new: Any, working: NuggetIndex = working) -> None:  # questions get it at the commit
+                        self._swap(_Held(*new, working))
+
                     published = publish_version(store, self.options, base, working, len(held.index), lock,
-                                                cache=self.cache)
+                                                cache=self.cache, committed=handed)
                     held = _Held(*published, working)
             self._swap(held)
         return added
@@ -194,7 +198,7 @@ class PublishedIndex:
         """Merge every run of adjacent segments that fits in one (`options.segment_bytes`) into a new version of the
         same chunks; False when there is nothing to merge."""
         store, name = self.compressor.store, self.options.name
-        with publish_lock(store, name) as lock:
+        with self._publish_lock() as lock:
             found = read_pointer(store, name)
             if found is None:
                 return False
@@ -203,9 +207,23 @@ class PublishedIndex:
                 self._swap(held)
                 return False
             published = publish_version(store, self.options, (held.pointer, held.record), held.index,
-                                        held.record.count, lock, compact=True, cache=self.cache)
+                                        held.record.count, lock, compact=True, cache=self.cache,
+                                        committed=lambda *new: self._swap(_Held(*new, held.index)))
         self._swap(_Held(*published, held.index))
         return True
+
+    @contextmanager
+    def _publish_lock(self) -> Iterator[Any]:
+        """The publish lock of the index; while it is held, this process's questions read the version held (the
+        publish hands them the new one at its commit), so that none loads a version itself meanwhile."""
+        with publish_lock(self.compressor.store, self.options.name) as lock:
+            with self._swapping:
+                self._publishing += 1
+            try:
+                yield lock
+            finally:
+                with self._swapping:
+                    self._publishing -= 1
 
     # ------------------------------------------------------------------ loading
     def _load(self, found: tuple[bytes, Pointer] | None) -> _Held:
@@ -220,10 +238,13 @@ class PublishedIndex:
                                                        self._held_segments())
                 break
             except VersionRemovedError as err:
+                newer = read_pointer(store, name)
+                if newer is not None and newer[0] == found[0]:  # the pointer still names it: lost, not a race
+                    raise err.damage from None
                 if attempt == self.options.load_attempts - 1:
                     raise IndexFileError(f"{self.where} moved on {attempt + 1} times while a version was read ({err}); "
                                          "raise PublishOptions.keep_versions, or try again") from err
-                found = read_pointer(store, name)
+                found = newer
         index = self._index_of(record, chunks, vectors)
         log.info("loaded version %d of %s: %d chunks", record.version, self.where, len(index))
         return _Held(found[0], found[1], record, index)

@@ -5,6 +5,7 @@
     nugget-rag ask "How do I parse JSON?" --index my-index
     nugget-rag prune --index my-index
     nugget-rag jobs resume ingest-1f0e... --index my-index
+    nugget-rag index check --store redis://head:6379/0 --repair
     nugget-rag inspect README.md --html nuggets.html
     nugget-rag train --config configs/recipe-r10.yaml
     nugget-rag eval --tasks squad --ratios 10 --limit 20
@@ -40,6 +41,7 @@ from .cli_options import (
     positive_int,
     ratio_arg,
     ray_address,
+    redis_store,
     replica_range,
 )
 from .components.compressor import NuggetCompressor
@@ -383,12 +385,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
     if (args.action == "resume") != (args.id is not None):
         raise UserError("give `jobs resume ID` (`jobs list` names them), or `jobs list` without an ID")
+    if args.index is None and args.store is None:
+        raise UserError("jobs needs --index DIR (the index directory of the jobs' server) or --store REDIS_URL (the "
+                        "store of a server that serves the index published there)")
     if args.action == "resume":
         try:
             return _resume_job(args)
         except IngestJobError as err:
             raise UserError(str(err)) from None
-    if not args.store and not (args.index / NUGGETS_DIR).is_dir():
+    if args.index is not None and not args.store and not (args.index / NUGGETS_DIR).is_dir():
         raise UserError(f"no nugget store in {args.index / NUGGETS_DIR}: give the index directory its server used, "
                         "or the --store URL it used")
     store = args.store.open() if args.store else NuggetStore(directory=args.index / NUGGETS_DIR)
@@ -406,21 +411,25 @@ def _resume_job(args: argparse.Namespace) -> int:
     from .serving.ingest_jobs import IngestJobs
     from .serving.job_records import JobRecords
 
-    args.ratio = (read_manifest(args.index) or {}).get("ratio")
-    compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
-    compressor.text_states = args.text_states
-    embeddings = load_embeddings(args)
-    vectorstore = load_vectorstore(args, embeddings)
+    if args.index is None:  # the index published in --store, as its server ingests into it
+        published = published_index(args)
+        jobs = IngestJobs(published.ingest, JobRecords(published.compressor.store), index=published.location)
+    else:
+        args.ratio = (read_manifest(args.index) or {}).get("ratio")
+        compressor = load_compressor(args, store_dir=args.index / NUGGETS_DIR)
+        compressor.text_states = args.text_states
+        embeddings = load_embeddings(args)
+        vectorstore = load_vectorstore(args, embeddings)
 
-    def add(documents: list, stop: Callable[[], bool]) -> int:  # as the server adds a job's part
-        with NuggetIndex.updating(args.index, compressor, embeddings, vectorstore=vectorstore) as index:
-            return index.ingest(documents, stop)
+        def add(documents: list, stop: Callable[[], bool]) -> int:  # as the server adds a job's part
+            with NuggetIndex.updating(args.index, compressor, embeddings, vectorstore=vectorstore) as index:
+                return index.ingest(documents, stop)
 
-    jobs = IngestJobs(add, JobRecords(compressor.store), index=str(args.index.resolve()))
+        jobs = IngestJobs(add, JobRecords(compressor.store), index=str(args.index.resolve()))
     try:
         job = jobs.resume(args.id)
-        print(f"resuming ingest job {job.id} into {args.index}: {job.done} of {job.documents} documents were "
-              "ingested before", flush=True)
+        print(f"resuming ingest job {job.id} into {args.index or published.where}: {job.done} of {job.documents} "
+              "documents were ingested before", flush=True)
         done = job.done
         while (job := jobs.get(args.id)).active:
             if job.done != done and not args.quiet:
@@ -432,6 +441,21 @@ def _resume_job(args: argparse.Namespace) -> int:
     print(f"ingest job {job.id} {job.status}: {job.done} of {job.documents} documents ingested, {job.added} new "
           f"chunks in all" + (f"; {job.error}" if job.error else ""))
     return 0 if job.status == "done" else 1
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """`index check`: the index published in --store, every version checked (--repair: mended, or republished
+    without what is lost); exit 1 while anything stays broken, or when chunks were lost."""
+    from .integrations.index_check import check_index, repair_index
+    from .integrations.published_index import cache_directory
+
+    store = args.store.open()
+    if args.repair:
+        report = repair_index(store, args.name, [cache_directory(args.store, args.name)], args.wait)
+    else:
+        report = check_index(store, args.name)
+    print(report.text())
+    return 0 if report.ok and not report.lost_sources else 1
 
 
 def cmd_refloor(args: argparse.Namespace) -> int:
@@ -651,13 +675,31 @@ def build_parser() -> argparse.ArgumentParser:
                                            "process (what it had ingested is skipped).")
     jobs.add_argument("action", choices=["list", "resume"])
     jobs.add_argument("id", nargs="?", metavar="ID", help="the job to resume (ingest-...)")
-    jobs.add_argument("--index", type=Path, required=True, metavar="DIR", help="the index directory of the jobs' "
-                                                                               "server")
+    jobs.add_argument("--index", type=Path, metavar="DIR", help="the index directory of the jobs' server (without "
+                      "it: the index published in --store)")
     jobs.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     add_text_states_option(jobs)
     add_store_option(jobs)
     add_vectorstore_option(jobs)
     jobs.set_defaults(func=cmd_jobs)
+
+    index = commands.add_parser("index", help="check or repair the index published in a store",
+                                description="The index published in a --store (ingest/serve --store without "
+                                            "--index): check every version, segment and count, or repair them.")
+    index_check = index.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+        "check", help="check every version the pointer names; --repair mends them",
+        description="Check the published index: every version, segment (present, checksum), count, chunk id, and "
+                    "the nugget states its chunks name; exit 1 while anything is broken. --repair writes a damaged "
+                    "segment again from a verified copy (this machine's cache, another version), else publishes a "
+                    "version without the lost chunks and lists their sources to ingest again.")
+    index_check.add_argument("--store", type=redis_store, required=True, metavar="REDIS_URL",
+                             help="the store the index is published in")
+    index_check.add_argument("--name", default="default", help="the published index's name (default: default)")
+    index_check.add_argument("--repair", action="store_true", help="mend what is broken (takes the publish lock)")
+    index_check.add_argument("--wait", type=positive_float, default=60, metavar="SECONDS",
+                             help="with --repair: how long to wait for another publisher's lock (default 60)")
+    add_verbose_option(index_check)
+    index_check.set_defaults(func=cmd_index)
 
     refloor = commands.add_parser("refloor", parents=[common], help="keep fewer nuggets of each indexed chunk",
                                   description="Cut every stored state of an index to a coarser floor: the store "

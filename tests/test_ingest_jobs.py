@@ -84,6 +84,26 @@ def finished(jobs: IngestJobs, job_id: str) -> IngestJob:
     return jobs.get(job_id)
 
 
+def test_a_job_waits_between_batches_while_the_server_has_requests_in_flight(monkeypatch):
+    monkeypatch.setattr(ingest_jobs, "YIELD_S", 0.3)
+    busy_until, batches = time.monotonic() + 0.5, []
+
+    def ingest(documents, stop) -> int:  # two batches, each checked before it starts
+        for _ in range(2):
+            assert not stop()
+            batches.append(time.monotonic())
+        return len(documents)
+
+    jobs = IngestJobs(ingest, JobRecords(NuggetStore()), index=INDEX, busy=lambda: time.monotonic() < busy_until)
+    assert finished(jobs, jobs.submit(DOCUMENTS[:3]).id).status == "done"
+    assert batches[0] - busy_until > -0.25  # waited for the questions, at most YIELD_S a batch
+    assert batches[1] >= busy_until  # then went on
+    always = IngestJobs(ingest, JobRecords(NuggetStore()), index=INDEX, busy=lambda: True)
+    assert finished(always, always.submit(DOCUMENTS[:3]).id).status == "done"  # a steady stream still lets it on
+    jobs.close()
+    always.close()
+
+
 def test_a_job_keeps_its_documents_in_parts_until_it_is_done(records):
     ingest = Ingested()
     ingest.hold.clear()

@@ -133,6 +133,21 @@ def test_a_question_racing_publishes_reads_one_version_whole(model, redis_url, t
     assert {ids for ids, *_ in reads} - {()}, "the reader saw no published version"
 
 
+def test_questions_during_a_publish_take_the_version_it_hands_them(model, redis_url, tmp_path, monkeypatch, caplog):
+    index = handle(model, redis_url, tmp_path / "a")
+    index.ingest(DOCS[:1])
+    real, seen = index_publishing.remove_versions, []
+
+    def after_the_commit(*args):  # a question while the publish removes what it retired
+        seen.append(len(index.current()))
+        return real(*args)
+
+    monkeypatch.setattr(index_publishing, "remove_versions", after_the_commit)
+    with caplog.at_level("INFO", logger="nugget_rag.integrations.published_index"):
+        index.ingest(DOCS[1:2])
+    assert seen == [2] and "loaded version" not in caplog.text  # the new version, not loaded again by the question
+
+
 def test_old_versions_are_removed_once_the_pointer_moves_on(model, redis_url, tmp_path):
     index = handle(model, redis_url, tmp_path / "a", keep_versions=2)
     for doc in DOCS[:4]:
@@ -252,7 +267,7 @@ def rewrite_record(url, change) -> None:
 
 
 @pytest.mark.parametrize("fault, message", [
-    ("segment", r"segments/\w+ in redis://.* is truncated or altered"),
+    ("segment", r"segments/\w+ in the nugget store redis://.* is altered .*version 2 of the index .*--repair"),
     ("record", r"versions/0000000002 in the nugget store .* is not the record its pointer names"),
     ("count", r"counts 4 chunks, its manifest 3 and its segments 3: they do not belong together"),
     ("dimension", r"segments/\w+ in redis://.* holds vectors of dimension 64, its version record says 65"),
@@ -292,7 +307,7 @@ def test_a_publish_that_fails_before_its_commit_leaves_the_version_before(model,
         index.ingest(DOCS[2:4])
     reader = handle(model, redis_url, tmp_path / "b")
     assert len(reader) == 2 and len(index) == 2
-    assert len(keys(redis_url, "segments")) == 2  # the failed publish's segment, pending
+    assert len(keys(redis_url, "segments")) == 1  # the failed publish's segment was removed again
     monkeypatch.setattr(index_publishing, "put", real)
     with pytest.raises(RequestCancelled):
         index.ingest(DOCS[2:4], stop=lambda: True)

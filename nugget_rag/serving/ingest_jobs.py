@@ -40,6 +40,7 @@ JOB_NICE = 10  # how much nicer than the server the thread that runs ingest jobs
 HEARTBEAT_S = 10.0  # how often a server refreshes the records of its jobs under way
 STALE_S = 3 * HEARTBEAT_S  # a job under way whose record is older than this: its server stopped
 CLOSE_WAIT_S = 60.0  # how long a stopping server waits for the step its job has under way
+YIELD_S = 2.0  # the longest a job waits, before each of its batches, while the server has requests in flight
 
 
 class IngestJobError(Exception):
@@ -105,10 +106,13 @@ class IngestJobs:
     """This server's ingest jobs, run one at a time by a worker thread (started with the first) through
     `ingest(documents, stop)`, which stops at its next step once `stop()` is true; every change is written to
     `records`, which also hold the jobs of other servers over the same store. `index`: the directory of the index
-    the jobs ingest into (None: an index in memory), which a job records, and which a resumed job must name."""
+    the jobs ingest into (None: an index in memory), which a job records, and which a resumed job must name.
+    `busy`: whether the server has requests in flight; questions first, a job waits before each of its batches while
+    it has (at most YIELD_S a batch, so that a steady stream of questions still lets it on)."""
 
-    def __init__(self, ingest: Callable[[list[Document], Stop], int], records: JobRecords, index: str | None = None):
-        self.ingest, self.records, self.index = ingest, records, index
+    def __init__(self, ingest: Callable[[list[Document], Stop], int], records: JobRecords, index: str | None = None,
+                 busy: Callable[[], bool] | None = None):
+        self.ingest, self.records, self.index, self.busy = ingest, records, index, busy
         self.server = f"{socket.gethostname()}:{os.getpid()}"
         self.claimant = f"{self.server}/{uuid.uuid4().hex[:8]}"  # who this is in a job's claims
         self.running: dict[str, IngestJob] = {}  # this server's jobs queued or running
@@ -309,12 +313,18 @@ class IngestJobs:
             if seen + len(documents) <= job.done:  # done before the job resumed
                 seen += len(documents)
                 continue
-            added = self.ingest(documents, lambda: job.status != "running")
+            added = self.ingest(documents, lambda: self._yield_to_requests() or job.status != "running")
             seen += len(documents)
             with self.lock:
                 job.done, job.added = seen, job.added + added
                 if self._owns(job):
                     self.records.put(job)
+
+    def _yield_to_requests(self) -> None:
+        """Wait while the server has requests in flight, at most YIELD_S (called between the job's batches)."""
+        deadline = time.monotonic() + YIELD_S
+        while self.busy is not None and self.busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _beat(self) -> None:
         """Refresh the records of this server's jobs under way, so that other servers see it is alive; a job another

@@ -53,7 +53,8 @@ class AppState:
     @classmethod
     def build(cls, served: ServedIndex, settings: ServerSettings) -> AppState:
         """The state of a new server over `served`; its jobs ingest through `served.ingest`."""
-        jobs = IngestJobs(served.ingest, JobRecords(served.compressor.store), index=served.location)
+        jobs = IngestJobs(served.ingest, JobRecords(served.compressor.store), index=served.location,
+                          busy=lambda: slots.count > 0)  # questions first: a job waits between batches
         metrics = Metrics(pending=lambda: slots.count, jobs=lambda: jobs.active)
         slots = Slots(settings.max_pending, settings.request_timeout_s, metrics)
         batcher = BatchedGenerator(served.compressor.model, max_batch=settings.max_batch)
