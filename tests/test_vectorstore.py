@@ -270,3 +270,19 @@ def test_cli_ingest_ask_and_prune_over_the_users_store(capsys, tmp_path, tiny_mo
     assert cli.main(["prune", "--index", str(index_dir)]) == 0
     out = capsys.readouterr().out
     assert f"removed {len(birds)} states no index references" in out and f"kept {len(index)} states" in out
+
+
+def test_an_index_saved_before_uuid_ids_still_loads_and_keeps_its_ids(index, vectors, tmp_path):
+    saved = index.save(tmp_path / "saved")
+    manifest = json.loads((saved / "index.json").read_text())
+    del manifest["store_ids"], manifest["collection"]  # as saved before: chunk ids and nested metadata in the store
+    (saved / "index.json").write_text(json.dumps(manifest))
+    old = InMemoryVectorStore(HashEmbeddings())
+    old.add_documents(index.documents, ids=index.ids)
+    loaded = NuggetIndex.load(saved, index.compressor, vectorstore=old)
+    assert loaded.store_ids_of(loaded.ids) == loaded.ids
+    found = loaded.as_retriever(k=2).invoke("How fast does a falcon dive?")
+    assert found[0].metadata["source"] == "birds.txt" and found[0].metadata["nuggets"]["key"]  # read as written
+    birds = chunks_of(loaded, "birds.txt")
+    assert loaded.delete(birds) == len(birds) and not set(birds) & set(old.store)
+    assert loaded.ingest(DOCS) == len(birds) and set(old.store) == set(loaded.ids)  # added again, under their ids
