@@ -251,3 +251,15 @@ def test_store_scale_ingest_reports_consistent_counts_bytes_and_rates(make_model
     assert f"| {row['split_s']:.1f} | {row['split_s_per_passage'] * 1000:.3f} | {row['compress_s']:.1f} |" in table
     assert "| single process | 1.0 | 4.00 | 2.00x | 0 | 2.0 | 0.500 | 0.50x | 0.800 | 0.50x |" in table
     assert "ratios to Ray, 1 replica" in table
+
+
+def test_vector_databases_times_each_store_against_faiss(tmp_path):
+    pytest.importorskip("langchain_qdrant", reason="langchain-qdrant is not installed")
+    bench = load_script("vector_databases")
+    assert bench.main(["--passages", "6", "--questions", "2", "--stores", "faiss", "qdrant", "--max-new-tokens", "2",
+                       "--out", str(tmp_path / "vdb")]) == 0
+    report = json.loads((tmp_path / "vdb.json").read_text())
+    assert [r["store"] for r in report["stores"]] == ["faiss", "qdrant"]
+    assert all(r["chunks"] == 6 and r["ingest_s"] > 0 and r["answer_s"] > 0 for r in report["stores"])
+    table = (tmp_path / "vdb.md").read_text()
+    assert "| faiss | 6 |" in table and "1.00x" in table and "2 answers s" in table
