@@ -169,11 +169,11 @@ def check_vectorstore(directory: Path, manifest: dict[str, Any], vectorstore: Ve
     """Refuse a vector store that is not the one the saved index was built into (or one for an index with its own
     FAISS files), or writes to another collection than it."""
     saved, given = manifest.get("vectorstore", DEFAULT_VECTORSTORE), vectorstore_name(vectorstore)
-    collection = manifest.get("collection")
-    if saved == given and manifest.get("count") and collection != store_collection(vectorstore):
-        raise ValueError(f"the index in {directory} keeps its vectors in the collection {collection!r} of its "
-                         f"{type(vectorstore).__name__}, not in {store_collection(vectorstore)!r}; open it with "
-                         f"collection_name={collection!r}, or ingest into a new index directory to use that one")
+    saved_collection, collection = manifest.get("collection"), store_collection(vectorstore)
+    if saved == given and manifest.get("count") and "collection" in manifest and saved_collection != collection:
+        raise ValueError(f"the index in {directory} keeps its vectors in the collection {saved_collection!r} of its "
+                         f"{type(vectorstore).__name__}, not in {collection!r}; open it with "
+                         f"collection_name={saved_collection!r}, or ingest into a new index directory to use that one")
     if saved == given or (saved == DEFAULT_VECTORSTORE and not manifest.get("count")):
         return
     if saved == DEFAULT_VECTORSTORE:
