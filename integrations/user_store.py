@@ -13,6 +13,7 @@ tells it (EngineUnavailable).
 
 from __future__ import annotations
 
+import inspect
 import json
 import uuid
 from collections.abc import Iterator, Sequence
@@ -120,20 +121,33 @@ def answering(vectorstore: VectorStore, doing: str) -> Iterator[None]:
                                 "the store's settings") from err
 
 
+def vector_parameters(vectorstore: VectorStore) -> set[str]:
+    """The parameters of the store's `add_embeddings`, which takes vectors as they are (none: it has none)."""
+    add_embeddings = getattr(vectorstore, "add_embeddings", None)
+    if not callable(add_embeddings):
+        return set()
+    try:
+        return set(inspect.signature(add_embeddings).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def add(vectorstore: VectorStore, chunks: Sequence[Document], vectors: Sequence[Sequence[float]],
         ids: Sequence[str]) -> None:
     """Put compressed `chunks` into the user's store under `ids`, with flat metadata: as vectors where the store
-    takes them (`add_embeddings`), else as documents it embeds. A store that returns other ids than it was given is
+    takes them (`add_embeddings`: FAISS's pairs, PGVector's lists), else as documents it embeds. A store that returns other ids than it was given is
     refused, what it added deleted again."""
     metadatas = [to_store(chunk) for chunk in chunks]
+    texts, vectors = [c.page_content for c in chunks], [list(v) for v in vectors]
     with answering(vectorstore, f"add {len(chunks)} chunks"):
-        add_embeddings = getattr(vectorstore, "add_embeddings", None)
-        if callable(add_embeddings):
-            returned = add_embeddings([c.page_content for c in chunks], [list(v) for v in vectors],
-                                      metadatas=metadatas, ids=list(ids))
+        parameters = vector_parameters(vectorstore)
+        if "text_embeddings" in parameters:  # FAISS's: (text, vector) pairs
+            returned = vectorstore.add_embeddings(list(zip(texts, vectors)), metadatas=metadatas, ids=list(ids))
+        elif {"texts", "embeddings"} <= parameters:  # PGVector's
+            returned = vectorstore.add_embeddings(texts, vectors, metadatas=metadatas, ids=list(ids))
         else:
             returned = vectorstore.add_documents(
-                [Document(page_content=c.page_content, metadata=m) for c, m in zip(chunks, metadatas)], ids=list(ids))
+                [Document(page_content=t, metadata=m) for t, m in zip(texts, metadatas)], ids=list(ids))
     if returned is not None and list(returned) != list(ids):
         other = [i for i in returned if i not in set(ids)]
         try:
@@ -160,4 +174,4 @@ def delete(vectorstore: VectorStore, ids: Sequence[str]) -> None:
 
 
 __all__ = ["CHUNK_IDS", "CHUNK_ID_KEY", "UUID_IDS", "EngineUnavailable", "add", "answering", "check_flat", "delete",
-           "from_store", "store_address", "store_id", "to_store", "unreachable"]
+           "from_store", "store_address", "store_id", "to_store", "unreachable", "vector_parameters"]

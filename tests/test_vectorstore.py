@@ -286,3 +286,13 @@ def test_an_index_saved_before_uuid_ids_still_loads_and_keeps_its_ids(index, vec
     birds = chunks_of(loaded, "birds.txt")
     assert loaded.delete(birds) == len(birds) and not set(birds) & set(old.store)
     assert loaded.ingest(DOCS) == len(birds) and set(old.store) == set(loaded.ids)  # added again, under their ids
+
+
+def test_faiss_as_the_users_store_is_given_the_index_vectors(compressor):
+    embeddings = HashEmbeddings()
+    store = FAISS(embeddings, faiss.IndexFlatIP(64), InMemoryDocstore({}), {})
+    index = NuggetIndex(compressor, vectorstore=store, chunk_tokens=64)
+    index.ingest(DOCS)
+    assert store.index.ntotal == len(index)
+    assert embeddings.calls == -(-len(index) // index.batch_size)  # a call a batch: the store embedded nothing
+    assert index.as_retriever(k=1).invoke("How fast does a falcon dive?")[0].metadata["source"] == "birds.txt"
