@@ -198,7 +198,7 @@ def test_a_store_returning_other_ids_is_refused_and_keeps_nothing(compressor):
     assert len(index) == 0 and store.store == {}
 
 
-def test_an_engine_that_does_not_answer_is_named_with_its_address(compressor):
+def test_an_engine_that_does_not_answer_is_named_with_its_address(compressor, monkeypatch, capsys, tmp_path):
     pytest.importorskip("langchain_qdrant", reason="langchain-qdrant is not installed")
     from langchain_qdrant import QdrantVectorStore
     from qdrant_client import QdrantClient
@@ -215,6 +215,12 @@ def test_an_engine_that_does_not_answer_is_named_with_its_address(compressor):
                            kwargs={"collection_name": "docs", "client_options": {"url": url, "timeout": 2}})
     with pytest.raises(EngineUnavailable, match=rf"does not answer at the address its settings give .*{url}"):
         spec.build(HashEmbeddings())
+    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: compressor)
+    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    (tmp_path / "a.txt").write_text(DOCS[0].page_content)
+    assert cli.main(["ingest", str(tmp_path / "a.txt"), "--index", str(tmp_path / "index"), "--vectorstore",
+                     spec.target, "--vectorstore-kwargs", json.dumps(spec.kwargs)]) == 2
+    assert f"QdrantVectorStore.construct_instance' does not answer at the address its settings give ({json.dumps(spec.kwargs)})" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("engine", ["pgvector"], indirect=True)
