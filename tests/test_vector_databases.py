@@ -12,8 +12,7 @@ from test_integrations import DOCS, HashEmbeddings, forbid_compress
 from vector_databases import Chroma, PGVector, Qdrant, postgres_cluster
 
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore, cli
-from nugget_rag.integrations import NuggetIndex, VectorStoreSpec, build_qa_chain, prune
-from nugget_rag.integrations.user_store import EngineUnavailable
+from nugget_rag.integrations import EngineUnavailable, NuggetIndex, VectorStoreSpec, build_qa_chain, prune
 
 QUESTIONS = {"How fast does a falcon dive?": "birds.txt", "Which planet has the great red spot storm?": "planets.txt"}
 ENGINES = ["qdrant", "chroma", "pgvector"]
