@@ -12,6 +12,7 @@ from .published_index import PublishedIndex
 from .qa_chain import build_qa_chain, source_label
 from .refloor import RefloorReport, refloor
 from .retriever import NuggetRetriever
+from .user_store import EngineUnavailable
 from .vectorstores import VectorStoreSpec
 from .visualize import NuggetView, nugget_view, reading_view, render_html, render_terminal
 
@@ -19,6 +20,6 @@ __all__ = [
     "DocumentLoadError", "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings",
     "build_qa_chain", "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
     "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor", "PruneReport", "prune",
-    "VectorStoreSpec", "PublishedIndex", "PublishOptions",
+    "VectorStoreSpec", "EngineUnavailable", "PublishedIndex", "PublishOptions",
     "NuggetView", "nugget_view", "reading_view", "render_html", "render_terminal",
 ]

@@ -18,7 +18,7 @@ from nugget_rag.cancellation import Stop
 from nugget_rag.components.compressor import NuggetCompressor
 from nugget_rag.state.store import NuggetStore
 
-from . import ingest_pipeline
+from . import ingest_pipeline, user_store
 from .chunking import split_documents, token_splitter
 from .embeddings import embedding_name, minilm_embeddings
 from .faiss_store import copy_faiss, empty_faiss, faiss_bytes, load_faiss
@@ -38,7 +38,15 @@ from .index_files import (
 )
 from .index_settings import built_settings
 from .retriever import NuggetRetriever
-from .vectorstores import check_holds, check_vectorstore, store_dimension, store_embeddings, vectorstore_name
+from .user_store import CHUNK_IDS, UUID_IDS, check_flat, store_id
+from .vectorstores import (
+    check_dimension,
+    check_holds,
+    check_vectorstore,
+    store_collection,
+    store_embeddings,
+    vectorstore_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +59,10 @@ class NuggetIndex:
     `batch_size` chunks are compressed, embedded and indexed per step; the progress bar (`show_progress`) moves
     per step, with chunks/s, tokens/s and the time left.
 
-    The vectors go to `vectorstore`, any LangChain VectorStore (Chroma, PGVector, Qdrant, InMemoryVectorStore...),
-    with the chunks' ids and metadata; without one, to the index's own FAISS (saved in its directory). The index
-    keeps its chunks' records (ids, text, metadata) either way: `delete` removes chunks from both.
+    The vectors go to `vectorstore`, any LangChain VectorStore (Qdrant, Chroma, PGVector, InMemoryVectorStore...),
+    under ids and with flat metadata every store takes (user_store.py); without one, to the index's own FAISS (saved
+    in its directory). The index keeps its chunks' records (ids, text, metadata) either way: `delete` removes chunks
+    from both.
     """
 
     def __init__(
@@ -85,6 +94,8 @@ class NuggetIndex:
         self.user_vectorstore = vectorstore  # None: the index's own FAISS, made at the first add
         self.vectorstore: VectorStore | None = vectorstore
         self.dimension: int | None = None  # of the vectors, known at the first add (or from a saved index)
+        self.store_ids = CHUNK_IDS if vectorstore is None else UUID_IDS  # how chunk ids map to the store's
+        self.collection = store_collection(vectorstore)
         self._records: dict[str, Document] = {}  # chunk id -> chunk, in index order (FAISS's, for the default)
         self.last_ingest: dict[str, Any] = {}  # what the last ingest did (ingest_pipeline.ingest)
 
@@ -118,8 +129,16 @@ class NuggetIndex:
     # ------------------------------------------------------------------ ingest
     def split(self, documents: Sequence[Document]) -> list[Document]:
         """Token-aware chunks of `documents`, each with a deterministic id, its document's `source` and
-        `chunk`/`start_index` metadata (chunking.split_documents)."""
-        return split_documents(self.splitter, documents)
+        `chunk`/`start_index` metadata (chunking.split_documents); for the user's vector store, metadata it can keep
+        (user_store.check_flat), else a ValueError before anything is compressed or written."""
+        chunks = split_documents(self.splitter, documents)
+        if self.user_vectorstore is not None:
+            check_flat(chunks)
+        return chunks
+
+    def store_ids_of(self, ids: Sequence[str]) -> list[str]:
+        """The ids the chunks `ids` have in the vector store (user_store.store_id)."""
+        return [store_id(i, self.store_ids, self.collection) for i in ids]
 
     def ingest(self, documents: Iterable[Document], stop: Stop | None = None) -> int:
         """Split, compress into the nugget store and add to the vector store; returns the number of new chunks
@@ -138,26 +157,18 @@ class NuggetIndex:
         if not docs:
             return
         if self.dimension is None:
-            self._check_dimension(len(vectors[0]))
+            if self.vectorstore is not None:
+                check_dimension(self.vectorstore, list(vectors[0]), self.embedding_model)
+            self.dimension = len(vectors[0])
+        ids = [d.id for d in docs]
         if self.vectorstore is None:
             self.vectorstore = empty_faiss(self.embeddings, len(vectors[0]))
-        ids = [d.id for d in docs]
-        add_embeddings = getattr(self.vectorstore, "add_embeddings", None)
-        if callable(add_embeddings):
-            add_embeddings([(d.page_content, list(v)) for d, v in zip(docs, vectors)],
-                           metadatas=[d.metadata for d in docs], ids=ids)
+        if self.user_vectorstore is None:
+            self.vectorstore.add_embeddings([(d.page_content, list(v)) for d, v in zip(docs, vectors)],
+                                            metadatas=[d.metadata for d in docs], ids=ids)
         else:
-            self.vectorstore.add_documents(list(docs), ids=ids)
+            user_store.add(self.vectorstore, docs, vectors, self.store_ids_of(ids))
         self._records.update(zip(ids, docs))
-
-    def _check_dimension(self, dimension: int) -> None:
-        stored = store_dimension(self.vectorstore)
-        if stored is not None and stored != dimension:
-            raise ValueError(
-                f"the vector store ({type(self.vectorstore).__name__}) holds vectors of dimension {stored}, but the "
-                f"embeddings ({self.embedding_model}) make vectors of dimension {dimension}; give a store made for "
-                f"dimension {dimension} (a new collection or table), or the embeddings it was built with")
-        self.dimension = dimension
 
     def delete(self, ids: Sequence[str]) -> int:
         """Remove the chunks `ids` from the vector store and the records; returns how many were removed.
@@ -172,13 +183,7 @@ class NuggetIndex:
                              "nothing was deleted (index.ids lists the chunks)")
         if not ids:
             return 0
-        if type(self.vectorstore).delete is VectorStore.delete:
-            raise ValueError(f"the vector store ({type(self.vectorstore).__name__}) cannot delete by id (it does not "
-                             "implement VectorStore.delete); nothing was deleted. Use a store that can, or ingest "
-                             "the documents to keep into a new index")
-        if self.vectorstore.delete(ids) is False:
-            raise ValueError(f"the vector store ({type(self.vectorstore).__name__}) refused to delete {len(ids)} "
-                             "chunks; the index's records were left as they were")
+        user_store.delete(self.vectorstore, self.store_ids_of(ids))
         for i in ids:
             del self._records[i]
         return len(ids)
@@ -190,7 +195,7 @@ class NuggetIndex:
         if self.vectorstore is None or not len(self):
             raise ValueError("the index is empty: ingest documents first")
         tags = kwargs.pop("tags", None) or [type(self.vectorstore).__name__, type(self.embeddings).__name__]
-        return NuggetRetriever(vectorstore=self.vectorstore, k=k, tags=tags, **kwargs)
+        return NuggetRetriever(vectorstore=self.vectorstore, k=k, tags=tags, **kwargs)  # user_store.from_store
 
     # ------------------------------------------------------------------ persistence
     def manifest(self) -> dict[str, Any]:
@@ -200,6 +205,8 @@ class NuggetIndex:
             "embedding_model": self.embedding_model,
             "dimension": self.dimension,
             "vectorstore": self.vectorstore_name,
+            "store_ids": self.store_ids,
+            "collection": self.collection,
             "distance": "l2 over unit vectors (cosine ranking)" if self.user_vectorstore is None else "the store's",
             "count": len(self),
             "nugget_model": model.base_name,
@@ -285,7 +292,8 @@ class NuggetIndex:
         if index.user_vectorstore is None:
             index.adopt([docs[i] for i in order], load_faiss(directory, manifest, index.embeddings, docs, order))
         else:
-            check_holds(index.user_vectorstore, directory, order)
+            index.store_ids = manifest.get("store_ids", CHUNK_IDS)  # an index saved before UUIDs: its chunks' ids
+            check_holds(index.user_vectorstore, directory, dict(zip(index.store_ids_of(order), order)))
             index.adopt([docs[i] for i in order], None, manifest.get("dimension"))
         return index
 

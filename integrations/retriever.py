@@ -1,4 +1,5 @@
-"""The retriever of a NuggetIndex: its vector store's, with `k` set once or per call."""
+"""The retriever of a NuggetIndex: its vector store's, with `k` set once or per call, each chunk as the index wrote
+it (its nugget record and id, as user_store.from_store reads them back from the user's store)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, Callba
 from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import Field, field_validator
+
+from .user_store import from_store
 
 
 class NuggetRetriever(VectorStoreRetriever):
@@ -34,12 +37,13 @@ class NuggetRetriever(VectorStoreRetriever):
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 **kwargs: Any) -> list[Document]:
-        return super()._get_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
+        found = super()._get_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
+        return [from_store(doc) for doc in found]
 
     async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
                                        **kwargs: Any) -> list[Document]:
-        return await super()._aget_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
-
+        found = await super()._aget_relevant_documents(query, run_manager=run_manager, **self._search(kwargs))
+        return [from_store(doc) for doc in found]
 
 
 __all__: list[str] = ["NuggetRetriever"]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .embeddings import embedding_name
+from .user_store import EngineUnavailable, answering, from_store, unreachable
 
 EMBEDDING_ARGUMENTS = ("embedding", "embeddings", "embedding_function")  # what LangChain's stores call them
 DEFAULT_VECTORSTORE = "faiss"  # the manifest's "vectorstore" for the index's own FAISS files
@@ -80,10 +83,22 @@ class VectorStoreSpec(BaseModel):
         except TypeError as err:
             raise ValueError(f"the vector store {self.target!r} does not take the settings "
                              f"{sorted(self.kwargs)} ({err}); fix --vectorstore-kwargs") from err
+        except Exception as err:
+            if not unreachable(err):
+                raise
+            raise EngineUnavailable(f"the engine of the vector store {self.target!r} does not answer at the address "
+                                    f"its settings give ({redacted(json.dumps(self.kwargs, default=str))}): "
+                                    f"{type(err).__name__}: {err}. "
+                                    "Start it, or fix the address in --vectorstore-kwargs") from err
         if not isinstance(store, VectorStore):
             raise ValueError(f"{self.target!r} made a {type(store).__name__}, not a LangChain VectorStore; name a "
                              "VectorStore class, or a function returning one")
         return store
+
+
+def redacted(text: str) -> str:
+    """`text` with the passwords of the URLs in it starred (postgresql://user:***@host)."""
+    return re.sub(r"(://[^:/@\s\"]*:)[^@\s\"]*@", r"\1***@", text)
 
 
 def vectorstore_name(vectorstore: VectorStore | None) -> str:
@@ -106,9 +121,15 @@ def store_embeddings(vectorstore: VectorStore | None, embeddings: Embeddings | N
     return own
 
 
+def store_collection(vectorstore: VectorStore | None) -> str | None:
+    """The collection the store writes to, where it names one (`collection_name`: Qdrant, PGVector)."""
+    name = getattr(vectorstore, "collection_name", None)
+    return name if isinstance(name, str) else None
+
+
 def store_dimension(vectorstore: VectorStore | None) -> int | None:
     """The dimension of the vectors `vectorstore` holds or was made for, where it tells: a FAISS index's `d`, a
-    `embedding_length` or `dimension` setting (PGVector, ...), or an InMemoryVectorStore's first vector."""
+    `embedding_length` or `dimension` setting, or an InMemoryVectorStore's first vector."""
     if vectorstore is None:
         return None
     if isinstance(vectorstore, InMemoryVectorStore):
@@ -120,10 +141,39 @@ def store_dimension(vectorstore: VectorStore | None) -> int | None:
     return found if isinstance(found, int) and not isinstance(found, bool) else None
 
 
+def check_dimension(vectorstore: VectorStore, vector: list[float], embedding_model: str) -> None:
+    """Refuse a store whose vectors have another dimension than `vector` (the embeddings'), before the first add:
+    where it tells its dimension (store_dimension), else where a search with `vector` fails (Qdrant, Chroma and
+    PGVector refuse a vector of another dimension than their collection's)."""
+    dimension, stored = len(vector), store_dimension(vectorstore)
+    fix = (f"give a store made for dimension {dimension} (a new collection or table), or the embeddings it was "
+           "built with")
+    if stored is not None and stored != dimension:
+        raise ValueError(f"the vector store ({type(vectorstore).__name__}) holds vectors of dimension {stored}, but "
+                         f"the embeddings ({embedding_model}) make vectors of dimension {dimension}; {fix}")
+    if stored is None and not isinstance(vectorstore, InMemoryVectorStore):
+        try:
+            with answering(vectorstore, "search it before the first add"):
+                vectorstore.similarity_search_by_vector(vector, k=1)
+        except NotImplementedError:  # a store that cannot search by vector: its own add is the check
+            return
+        except ConnectionError:
+            raise
+        except Exception as err:
+            raise ValueError(f"the vector store ({type(vectorstore).__name__}) refused a search with a vector of "
+                             f"the embeddings ({embedding_model}, dimension {dimension}): {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}; {fix}") from err
+
+
 def check_vectorstore(directory: Path, manifest: dict[str, Any], vectorstore: VectorStore | None) -> None:
     """Refuse a vector store that is not the one the saved index was built into (or one for an index with its own
-    FAISS files)."""
+    FAISS files), or writes to another collection than it."""
     saved, given = manifest.get("vectorstore", DEFAULT_VECTORSTORE), vectorstore_name(vectorstore)
+    saved_collection, collection = manifest.get("collection"), store_collection(vectorstore)
+    if saved == given and manifest.get("count") and "collection" in manifest and saved_collection != collection:
+        raise ValueError(f"the index in {directory} keeps its vectors in the collection {saved_collection!r} of its "
+                         f"{type(vectorstore).__name__}, not in {collection!r}; open it with "
+                         f"collection_name={saved_collection!r}, or ingest into a new index directory to use that one")
     if saved == given or (saved == DEFAULT_VECTORSTORE and not manifest.get("count")):
         return
     if saved == DEFAULT_VECTORSTORE:
@@ -136,19 +186,22 @@ def check_vectorstore(directory: Path, manifest: dict[str, Any], vectorstore: Ve
                      "open it with the store it was ingested into")
 
 
-def check_holds(vectorstore: VectorStore, directory: Path, order: list[str]) -> None:
-    """Refuse a vector store that lacks the saved index's chunks (a new, empty one), where it can look them up."""
+def check_holds(vectorstore: VectorStore, directory: Path, ids: dict[str, str]) -> None:
+    """Refuse a vector store that lacks the saved index's chunks (a new, empty one), where it can look them up;
+    `ids`: the chunks' ids in the store -> their own, in index order."""
+    order = list(ids)
     sample = list(dict.fromkeys(order[:: max(1, len(order) // 8)] + order[-1:]))
     try:
-        found = {d.id for d in vectorstore.get_by_ids(sample)}
+        with answering(vectorstore, "look up the index's chunks"):
+            found = {from_store(d).id for d in vectorstore.get_by_ids(sample)}
     except NotImplementedError:
         return
-    missing = [i for i in sample if i not in found]
+    missing = [i for i in sample if ids[i] not in found]
     if missing:
         raise ValueError(f"the vector store ({type(vectorstore).__name__}) lacks chunks of the index in {directory} "
                          f"({len(missing)} of {len(sample)} looked up, e.g. {missing[0]}); open the index with the "
                          "store (its collection, table or settings) it was ingested into")
 
 
-__all__ = ["DEFAULT_VECTORSTORE", "EMBEDDING_ARGUMENTS", "VectorStoreSpec", "check_holds", "check_vectorstore",
-           "store_dimension", "store_embeddings", "vectorstore_name"]
+__all__ = ["DEFAULT_VECTORSTORE", "EMBEDDING_ARGUMENTS", "VectorStoreSpec", "check_dimension", "check_holds",
+           "check_vectorstore", "store_collection", "store_dimension", "store_embeddings", "vectorstore_name"]

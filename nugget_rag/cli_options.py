@@ -119,8 +119,10 @@ def add_vectorstore_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vectorstore", metavar="MODULE:NAME",
                         help="keep the chunks' vectors in this LangChain vector store: a VectorStore class, or a "
                              "function returning one, called with --vectorstore-kwargs and the embeddings (e.g. "
-                             "langchain_chroma:Chroma); default: the index's own FAISS. An index ingested into one is "
-                             "opened with it again (ask, serve, refloor)")
+                             "langchain_chroma:Chroma, langchain_postgres:PGVector, or Qdrant's factory "
+                             "langchain_qdrant:QdrantVectorStore.construct_instance with '{\"collection_name\": "
+                             "\"docs\", \"client_options\": {\"path\": \"qdrant\"}}'); default: the index's own "
+                             "FAISS. An index ingested into one is opened with it again (ask, serve, refloor)")
     parser.add_argument("--vectorstore-kwargs", type=json_object, default={}, metavar="JSON",
                         help="the vector store's settings, a JSON object (e.g. '{\"collection_name\": \"docs\"}')")
 

@@ -323,3 +323,15 @@ def test_the_shipped_default_is_bfloat16_within_30_mb_with_its_training_record()
         assert {f.get_slice(name).get_dtype() for name in f.keys()} == {"BF16"}
     assert weights.stat().st_size <= 30_000_000
     assert read_checkpoint_meta(SHIPPED_CHECKPOINT)["training"]
+
+
+def test_vector_databases_times_each_store_against_faiss(tmp_path):
+    pytest.importorskip("langchain_qdrant", reason="langchain-qdrant is not installed")
+    bench = load_script("vector_databases")
+    assert bench.main(["--passages", "6", "--questions", "2", "--stores", "faiss", "qdrant", "--max-new-tokens", "2",
+                       "--out", str(tmp_path / "vdb")]) == 0
+    report = json.loads((tmp_path / "vdb.json").read_text())
+    assert [r["store"] for r in report["stores"]] == ["faiss", "qdrant"]
+    assert all(r["chunks"] == 6 and r["ingest_s"] > 0 and r["answer_s"] > 0 for r in report["stores"])
+    table = (tmp_path / "vdb.md").read_text()
+    assert "| faiss | 6 |" in table and "1.00x" in table and "2 answers s" in table

@@ -8,7 +8,8 @@ from pathlib import Path
 
 EXTRA_MODULES = {"faiss", "datasets", "matplotlib", "sacrebleu", "rouge_score", "sentence_transformers",
                  "langchain_community", "langchain_text_splitters", "langchain_classic", "redis", "fastapi", "uvicorn",
-                 "ray"}
+                 "ray", "qdrant_client", "langchain_qdrant", "chromadb", "langchain_chroma", "langchain_postgres",
+                 "psycopg"}
 
 
 def test_core_imports_none_of_the_extras():
@@ -22,7 +23,9 @@ def test_core_dependencies_leave_the_extras_out():
     project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
     core = {d.split(">")[0].split("<")[0].split("=")[0].strip() for d in project["dependencies"]}
     assert not core & {"faiss-cpu", "datasets", "matplotlib", "sentence-transformers", "langchain-community", "redis"}
-    assert {"retrieval", "train", "eval", "redis", "serve", "ray", "all", "dev"} <= set(project["optional-dependencies"])
+    extras = project["optional-dependencies"]
+    assert {"retrieval", "train", "eval", "redis", "serve", "ray", "qdrant", "chroma", "postgres", "all", "dev"} <= set(
+        extras)
 
 
 def test_the_wheel_lists_every_subpackage():

@@ -1,6 +1,7 @@
 """Every Python block of README.md, and every example with its default arguments, runs as written, as on a fresh
 clone: ../shared, beside this checkout here and in CI, is hidden from them."""
 
+import os
 import re
 import shutil
 import socket
@@ -76,10 +77,27 @@ def redis_at_default_port(tmp_path):
     server.wait(10)
 
 
+@pytest.fixture
+def pgvector_url(tmp_path_factory, monkeypatch):
+    """PGVECTOR_URL, as a README block reads it: a throwaway PostgreSQL cluster with pgvector
+    (tests/vector_databases.py), or the one the environment names."""
+    if os.environ.get("PGVECTOR_URL"):
+        yield
+        return
+    from vector_databases import postgres_cluster
+
+    uri, server = postgres_cluster(tmp_path_factory.mktemp("postgres"))
+    monkeypatch.setenv("PGVECTOR_URL", uri)
+    yield
+    server.cleanup()
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_python_block_runs(block, tmp_path, request):
     if REDIS_URL in block:
         request.getfixturevalue("redis_at_default_port")
+    if "PGVECTOR_URL" in block:
+        request.getfixturevalue("pgvector_url")
     (tmp_path / "block.py").write_text(block)
     run = run_without_shared(tmp_path / "block.py", tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -7,6 +7,7 @@ import warnings
 
 import faiss
 import pytest
+from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from test_integrations import DOCS, HashEmbeddings, forbid_compress
@@ -14,6 +15,7 @@ from test_integrations import DOCS, HashEmbeddings, forbid_compress
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore, cli
 from nugget_rag.integrations import NuggetIndex, VectorStoreSpec, build_qa_chain, prune
 from nugget_rag.integrations.index_files import index_location
+from nugget_rag.integrations.user_store import from_store
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -57,10 +59,11 @@ def chunks_of(index: NuggetIndex, source: str) -> list[str]:
 
 def test_ingest_puts_vectors_and_records_in_the_users_store(index, vectors, compressor):
     assert index.vectorstore is vectors and index.embeddings is vectors.embeddings
-    assert len(index) > len(DOCS) and list(vectors.store) == index.ids  # every chunk, under its own id
-    for chunk in index.documents:
-        held = vectors.store[chunk.id]
-        assert held["text"] == chunk.page_content and held["metadata"] == chunk.metadata
+    assert len(index) > len(DOCS) and list(vectors.store) == index.store_ids_of(index.ids)  # a UUID each chunk
+    for chunk, held_id in zip(index.documents, index.store_ids_of(index.ids)):
+        held = vectors.store[held_id]
+        assert all(isinstance(v, (str, int, float, bool)) for v in held["metadata"].values())  # flat
+        assert from_store(Document(id=held_id, page_content=held["text"], metadata=held["metadata"])) == chunk
         assert len(held["vector"]) == 64 and index.dimension == 64
         assert compressor.store.get_by_key(chunk.metadata["nuggets"]["key"]) is not None  # nuggets: the compressor's
     assert index.ingest(DOCS) == 0 and len(vectors.store) == len(index)  # nothing twice
@@ -77,7 +80,7 @@ def test_the_qa_chain_answers_from_the_users_store_and_the_nugget_store(index, v
     answer = build_qa_chain(index, llm, k=2, resolution="uniform").invoke(question)
     assert searched == [question]
     sources = answer.response_metadata["sources"]
-    assert len(sources) == 2 and {s["id"] for s in sources} <= set(vectors.store)
+    assert len(sources) == 2 and {s["id"] for s in sources} <= set(index.ids)
     assert sources[0]["source"] == source
     records = {d.id: d for d in index.documents}
     assert answer.usage_metadata["input_token_details"]["cache_read"] == sum(
@@ -88,8 +91,8 @@ def test_delete_leaves_neither_vectors_nor_records_and_keeps_the_nuggets(index, 
     gone = chunks_of(index, "birds.txt")
     keys = [d.metadata["nuggets"]["key"] for d in index.documents if d.id in gone]
     assert index.delete(gone) == len(gone) > 0
-    assert not set(gone) & set(vectors.store) and not set(gone) & set(index.ids)
-    assert set(vectors.store) == set(index.ids) and len(index) == len(vectors.store)
+    assert not set(index.store_ids_of(gone)) & set(vectors.store) and not set(gone) & set(index.ids)
+    assert set(vectors.store) == set(index.store_ids_of(index.ids)) and len(index) == len(vectors.store)
     assert all(d.metadata["source"] != "birds.txt"
                for d in index.as_retriever(k=len(index)).invoke("How fast does a falcon dive?"))
     assert all(index.compressor.store.get_by_key(k) is not None for k in keys)  # left to prune
@@ -101,7 +104,8 @@ def test_delete_leaves_neither_vectors_nor_records_and_keeps_the_nuggets(index, 
     loaded = NuggetIndex.load(saved, index.compressor, vectorstore=vectors)
     assert loaded.ids == index.ids and loaded.embeddings is vectors.embeddings
     first = loaded.ids[0]
-    assert loaded.delete([first]) == 1 and first not in vectors.store and first not in loaded.ids
+    assert loaded.delete([first]) == 1 and first not in loaded.ids
+    assert index.store_ids_of([first])[0] not in vectors.store
 
 
 def test_delete_from_the_default_faiss(compressor, tmp_path):
@@ -188,7 +192,7 @@ def test_a_store_that_cannot_delete_deletes_nothing(compressor):
     ids = index.ids
     with pytest.raises(ValueError, match=r"NoDeleteStore\) cannot delete by id.*nothing was deleted"):
         index.delete(ids[:2])
-    assert index.ids == ids and list(store.store) == ids
+    assert index.ids == ids and list(store.store) == index.store_ids_of(ids)
     with pytest.raises(ValueError, match=r"not in the index, e.g. 'nope'; nothing was deleted"):
         NuggetIndex(compressor, vectorstore=InMemoryVectorStore(HashEmbeddings())).delete(["nope"])
 
@@ -266,3 +270,29 @@ def test_cli_ingest_ask_and_prune_over_the_users_store(capsys, tmp_path, tiny_mo
     assert cli.main(["prune", "--index", str(index_dir)]) == 0
     out = capsys.readouterr().out
     assert f"removed {len(birds)} states no index references" in out and f"kept {len(index)} states" in out
+
+
+def test_an_index_saved_before_uuid_ids_still_loads_and_keeps_its_ids(index, vectors, tmp_path):
+    saved = index.save(tmp_path / "saved")
+    manifest = json.loads((saved / "index.json").read_text())
+    del manifest["store_ids"], manifest["collection"]  # as saved before: chunk ids and nested metadata in the store
+    (saved / "index.json").write_text(json.dumps(manifest))
+    old = InMemoryVectorStore(HashEmbeddings())
+    old.add_documents(index.documents, ids=index.ids)
+    loaded = NuggetIndex.load(saved, index.compressor, vectorstore=old)
+    assert loaded.store_ids_of(loaded.ids) == loaded.ids
+    found = loaded.as_retriever(k=2).invoke("How fast does a falcon dive?")
+    assert found[0].metadata["source"] == "birds.txt" and found[0].metadata["nuggets"]["key"]  # read as written
+    birds = chunks_of(loaded, "birds.txt")
+    assert loaded.delete(birds) == len(birds) and not set(birds) & set(old.store)
+    assert loaded.ingest(DOCS) == len(birds) and set(old.store) == set(loaded.ids)  # added again, under their ids
+
+
+def test_faiss_as_the_users_store_is_given_the_index_vectors(compressor):
+    embeddings = HashEmbeddings()
+    store = FAISS(embeddings, faiss.IndexFlatIP(64), InMemoryDocstore({}), {})
+    index = NuggetIndex(compressor, vectorstore=store, chunk_tokens=64)
+    index.ingest(DOCS)
+    assert store.index.ntotal == len(index)
+    assert embeddings.calls == -(-len(index) // index.batch_size)  # a call a batch: the store embedded nothing
+    assert index.as_retriever(k=1).invoke("How fast does a falcon dive?")[0].metadata["source"] == "birds.txt"

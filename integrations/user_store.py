@@ -1,0 +1,177 @@
+"""A NuggetIndex's chunks in the user's vector store: what it writes there and reads back, and its adds and
+deletes, each whole or refused with nothing written.
+
+Ids: a UUID derived from the chunk's id (and the store's collection, where it names one: PGVector keeps every
+collection's ids in one table), so that every store takes it (Qdrant takes only UUIDs and integers) and a chunk
+ingested again lands on itself. Metadata: flat, str, int, float and bool values only (what Chroma, Qdrant and
+PGVector all keep); the chunk's nugget record goes as one JSON string, its own id under `chunk_id`, and both are read
+back as they were. The index's own FAISS keeps the chunks as they are, under their ids.
+
+An add checks the ids the store returns; an engine that does not answer is named, with its address where the store
+tells it (EngineUnavailable).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from langchain_core.documents import Document
+from langchain_core.vectorstores import VectorStore
+
+from nugget_rag.components.compressor import METADATA_KEY
+
+UUID_IDS = "uuid5"  # the manifest's "store_ids": uuid5(NAMESPACE, "collection/chunk id")
+CHUNK_IDS = "chunk id"  # the chunk's own id: FAISS's, and a user's store's in an index saved before UUID_IDS
+NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "chunks.nugget-rag")  # fixed: a chunk's id in a store never changes
+CHUNK_ID_KEY = "chunk_id"  # the metadata key a chunk's own id is kept under in the store
+FLAT_TYPES = (str, int, float, bool)
+
+
+def store_id(chunk_id: str, scheme: str, collection: str | None = None) -> str:
+    """The id a chunk has in the user's store under `scheme` (UUID_IDS or CHUNK_IDS)."""
+    if scheme == CHUNK_IDS:
+        return chunk_id
+    return str(uuid.uuid5(NAMESPACE, f"{collection or ''}/{chunk_id}"))
+
+
+def check_flat(chunks: Sequence[Document]) -> None:
+    """Refuse, naming the first, a chunk whose metadata a vector store cannot keep as it is: a value that is not a
+    str, int, float or bool (a list, a dict, None), or the key the index keeps the chunk's id under."""
+    for chunk in chunks:
+        for key, value in chunk.metadata.items():
+            if key == CHUNK_ID_KEY:
+                raise ValueError(f"a chunk of {chunk.metadata.get('source')!r} has metadata {key!r}={value!r}: the "
+                                 f"index keeps each chunk's id under {key!r} in the vector store; rename that key in "
+                                 "the documents' metadata; nothing was ingested")
+            if key != METADATA_KEY and not isinstance(value, FLAT_TYPES):
+                raise ValueError(f"a chunk of {chunk.metadata.get('source')!r} has metadata {key!r}={value!r} (a "
+                                 f"{type(value).__name__}), which a vector store cannot keep: give str, int, float "
+                                 f"or bool values (e.g. json.dumps it, or leave {key!r} out); nothing was ingested")
+
+
+def to_store(chunk: Document) -> dict[str, Any]:
+    """The flat metadata of a compressed chunk in the user's store: its nugget record as JSON, its id beside it."""
+    meta = {k: v for k, v in chunk.metadata.items() if k != METADATA_KEY}
+    if METADATA_KEY in chunk.metadata:
+        meta[METADATA_KEY] = json.dumps(chunk.metadata[METADATA_KEY], sort_keys=True)
+    return {**meta, CHUNK_ID_KEY: chunk.id}
+
+
+def from_store(doc: Document) -> Document:
+    """A chunk as the index wrote it (`to_store`), from the document the user's store gives back: its nugget record
+    and id restored (documents of the index's own FAISS, and of stores written before, are returned as they are)."""
+    meta = dict(doc.metadata)
+    chunk_id, record = meta.pop(CHUNK_ID_KEY, None), meta.get(METADATA_KEY)
+    if isinstance(record, str):
+        try:
+            meta[METADATA_KEY] = json.loads(record)
+        except json.JSONDecodeError:
+            pass  # not the index's: left as the store holds it
+    return Document(id=chunk_id if isinstance(chunk_id, str) else doc.id, page_content=doc.page_content,
+                    metadata=meta)
+
+
+
+class EngineUnavailable(ConnectionError):
+    """The engine behind the user's vector store does not answer."""
+
+
+def store_address(vectorstore: VectorStore) -> str | None:
+    """Where the store's engine is, where the store tells it publicly (Qdrant's client options)."""
+    options = getattr(getattr(vectorstore, "client", None), "init_options", None)
+    if not isinstance(options, dict):
+        return None
+    for name in ("url", "location", "path", "host"):
+        if isinstance(options.get(name), str):
+            return options[name] + (f":{options['port']}" if name == "host" and options.get("port") else "")
+    return None
+
+
+def unreachable(err: BaseException) -> bool:
+    """Whether `err`, or an error it was raised from, says the engine could not be reached (a refused or lost
+    connection: OSError, httpx's ConnectError, SQLAlchemy's and psycopg's OperationalError)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        names = {cls.__name__ for cls in type(err).__mro__}
+        if isinstance(err, OSError) or names & {"ConnectError", "ConnectTimeout", "OperationalError"}:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+@contextmanager
+def answering(vectorstore: VectorStore, doing: str) -> Iterator[None]:
+    """Run a call to the store (`doing`: what for, e.g. "add 8 chunks"), an engine that does not answer raised as
+    EngineUnavailable, naming the store and its address."""
+    try:
+        yield
+    except Exception as err:
+        if not unreachable(err):
+            raise
+        address = store_address(vectorstore)
+        where = f" at {address}" if address else ""
+        raise EngineUnavailable(f"the engine of the vector store {type(vectorstore).__name__}{where} does not answer "
+                                f"({type(err).__name__}: {err}); could not {doing}. Start it, or fix its address in "
+                                "the store's settings") from err
+
+
+def vector_parameters(vectorstore: VectorStore) -> set[str]:
+    """The parameters of the store's `add_embeddings`, which takes vectors as they are (none: it has none)."""
+    add_embeddings = getattr(vectorstore, "add_embeddings", None)
+    if not callable(add_embeddings):
+        return set()
+    try:
+        return set(inspect.signature(add_embeddings).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def add(vectorstore: VectorStore, chunks: Sequence[Document], vectors: Sequence[Sequence[float]],
+        ids: Sequence[str]) -> None:
+    """Put compressed `chunks` into the user's store under `ids`, with flat metadata: as vectors where the store
+    takes them (`add_embeddings`: FAISS's pairs, PGVector's lists), else as documents it embeds. A store that returns other ids than it was given is
+    refused, what it added deleted again."""
+    metadatas = [to_store(chunk) for chunk in chunks]
+    texts, vectors = [c.page_content for c in chunks], [list(v) for v in vectors]
+    with answering(vectorstore, f"add {len(chunks)} chunks"):
+        parameters = vector_parameters(vectorstore)
+        if "text_embeddings" in parameters:  # FAISS's: (text, vector) pairs
+            returned = vectorstore.add_embeddings(list(zip(texts, vectors)), metadatas=metadatas, ids=list(ids))
+        elif {"texts", "embeddings"} <= parameters:  # PGVector's
+            returned = vectorstore.add_embeddings(texts, vectors, metadatas=metadatas, ids=list(ids))
+        else:
+            returned = vectorstore.add_documents(
+                [Document(page_content=t, metadata=m) for t, m in zip(texts, metadatas)], ids=list(ids))
+    if returned is not None and list(returned) != list(ids):
+        other = [i for i in returned if i not in set(ids)]
+        try:
+            vectorstore.delete(list(returned))
+        except NotImplementedError:
+            pass
+        raise ValueError(f"the vector store {type(vectorstore).__name__} was given {len(ids)} chunks with ids (e.g. "
+                         f"{ids[0]!r}) and returned other ids ({len(returned)}, e.g. "
+                         f"{(other or list(returned) or ['none'])[0]!r}); what it added was deleted. Use a store that "
+                         "keeps the ids it is given")
+
+
+def delete(vectorstore: VectorStore, ids: Sequence[str]) -> None:
+    """Delete `ids` from the user's store, or a ValueError before anything is deleted where it cannot."""
+    if type(vectorstore).delete is VectorStore.delete:
+        raise ValueError(f"the vector store ({type(vectorstore).__name__}) cannot delete by id (it does not "
+                         "implement VectorStore.delete); nothing was deleted. Use a store that can, or ingest "
+                         "the documents to keep into a new index")
+    with answering(vectorstore, f"delete {len(ids)} chunks"):
+        deleted = vectorstore.delete(list(ids))
+    if deleted is False:
+        raise ValueError(f"the vector store ({type(vectorstore).__name__}) refused to delete {len(ids)} "
+                         "chunks; the index's records were left as they were")
+
+
+__all__ = ["CHUNK_IDS", "CHUNK_ID_KEY", "UUID_IDS", "EngineUnavailable", "add", "answering", "check_flat", "delete",
+           "from_store", "store_address", "store_id", "to_store", "unreachable", "vector_parameters"]
