@@ -38,9 +38,9 @@ markdown-it-py markupsafe matplotlib mdurl mpmath networkx numpy packaging panda
 pyarrow pygments pyparsing python-dateutil pyyaml regex requests rich sacrebleu safetensors setuptools six sympy
 tabulate tokenizers torch tqdm transformers typing-extensions tzdata urllib3 xxhash scipy protobuf pytest iniconfig
 pluggy""".split())
-# Imported by a dependency only where installed (langsmith's tracing, portalocker's Redis locks, redis's TLS): loaded
-# here, never needed there.
-OPTIONAL_IMPORTS = {"opentelemetry", "redis", "cryptography"}
+# Imported by a dependency only where installed (langsmith's tracing, portalocker's Redis locks, redis's TLS,
+# httpcore2's HTTP/2, which qdrant-client's h2 brings): loaded here, never needed there.
+OPTIONAL_IMPORTS = {"opentelemetry", "redis", "cryptography", "h2", "hpack", "hyperframe"}
 # What the GPU scripts import (gpu_python.sh proves each importable before anything trains): training, evaluation,
 # the benchmarks, and the modules they import only when they need them.
 GPU_MODULES = ["nugget_rag", "nugget_rag.train.trainer", "nugget_rag.eval.runner",

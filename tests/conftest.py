@@ -85,3 +85,15 @@ def compressor(tiny_model, tmp_path):
     from nugget_rag import NuggetCompressor, NuggetStore
 
     return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=tmp_path / "store"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each vector-database case by name and outcome (store and test), as LangChain's standard suites list them,
+    also under `pytest -q`."""
+    reports = [r for outcome in ("passed", "failed", "error", "skipped") for r in terminalreporter.stats.get(outcome, [])
+               if "test_vector_databases.py" in getattr(r, "nodeid", "")]
+    if reports:
+        terminalreporter.section("vector databases, each case")
+        for report in sorted(reports, key=lambda r: r.nodeid):
+            reason = f" ({report.longrepr[2]})" if report.skipped and isinstance(report.longrepr, tuple) else ""
+            terminalreporter.write_line(f"{report.outcome.upper()} {report.nodeid}{reason}")
