@@ -19,8 +19,8 @@ from ..eval.systems._kv import frozen_pass
 from ..eval.systems.kvzip import reconstruction_passes
 from ..eval.systems.observed_attention import observed_scores
 from ..model.nugget_model import NuggetModel
+from .batches import Mixture
 from .config import WarmStartSignal
-from .data import Mixture
 
 log = logging.getLogger(__name__)
 
