@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ._kv import FrozenPass, attention_probs, frozen_pass, top_states
+from ...model.frozen_pass import FrozenPass, attention_probs, frozen_pass
+from ._kv import top_states
 from .base import Env, Reading, Reimplementation, Skipped, document_readings, register
 
 REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ._kv import attention_probs, frozen_pass, top_states
+from ...model.frozen_pass import attention_probs, frozen_pass
+from ._kv import top_states
 from .base import Env, Reading, Reimplementation, document_readings, register
 
 
