@@ -13,6 +13,7 @@ one small class that only scores relevance:
 | `QueryLikelihood` | log P(question | the document's nuggets at r = 4), read from the store by the decoder |
 | `UniformResolution` | none: every document at one ratio (the compressor's unless given) |
 
+A policy reaches the documents' states and the model only through the compressor's `PlanCompressor` surface.
 `resolve_policy` turns a name (`RESOLUTIONS`: "default", "uniform", "rank", "lexical", "likelihood"), a class or a
 policy into a policy: the one resolver the chain, NuggetLLM, the CLI, the server and the harness share.
 
@@ -24,23 +25,43 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .cancellation import check
-from .config import DECODER, ENCODER, PROBE_RATIO, NuggetConfig, nugget_count
-from .generation.text import words
+from ..config import DECODER, ENCODER, PROBE_RATIO, NuggetConfig, nugget_count
+from ..generation.text import words
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
 
-    from .components.compressor import Compressed, NuggetCompressor
-    from .model.nugget_model import NuggetModel
-    from .state.nugget_state import NuggetState
+    from ..state.nugget_state import NuggetState
+    from .compressor import Compressed
 
 PROBE_INSTRUCTION = "Please write a question about the passage above."
+
+
+@runtime_checkable
+class PlanCompressor(Protocol):
+    """What a reading plan asks of the compressor (NuggetCompressor): documents' lengths and states, one reading
+    block, and the question-likelihood probe."""
+
+    @property
+    def effective_ratio(self) -> float: ...
+
+    def token_counts(self, documents: Sequence[Document | str]) -> list[int]: ...
+
+    def reading(self, documents: Sequence[Document | str] = ()) -> AbstractContextManager: ...
+
+    def states(self, documents: Sequence[Document | str], ratios: float | Sequence[float] | None = None,
+               adapter: str | None = ENCODER) -> list[NuggetState]: ...
+
+    def lookup(self, documents: Sequence[Document | str], ratios: float | Sequence[float] | None = None,
+               adapter: str | None = ENCODER) -> list[Compressed]: ...
+
+    def question_likelihoods(self, states: Sequence[NuggetState], instruction: str, question: str,
+                             adapter: str | None, batch: int) -> list[float]: ...
 
 
 class DocumentReading(NamedTuple):
@@ -89,12 +110,12 @@ class ResolutionPolicy(BaseModel):
     def _check_skim(cls, value: object) -> float | None:
         return None if value is None else NuggetConfig(ratio=value).ratio
 
-    def relevance(self, question: str, texts: Sequence[str], compressor: NuggetCompressor) -> list[float]:
+    def relevance(self, question: str, texts: Sequence[str], compressor: PlanCompressor) -> list[float]:
         """One score per document, higher for more relevant."""
         raise NotImplementedError
 
     def plan(self, question: str, documents: Sequence[Document | str],
-             compressor: NuggetCompressor) -> list[DocumentReading]:
+             compressor: PlanCompressor) -> list[DocumentReading]:
         """Each document's reading, in the order given (its length in tokens as the compressor's metadata names it,
         else tokenised). A ValueError if there is nothing to plan for."""
         if not documents:
@@ -106,7 +127,7 @@ class ResolutionPolicy(BaseModel):
             raise ValueError(f"{type(self).__name__} gave relevance {scores} for {len(texts)} documents")
         return self.allocate(scores, lengths)
 
-    def read(self, question: str, documents: Sequence[Document | str], compressor: NuggetCompressor) -> PlannedReading:
+    def read(self, question: str, documents: Sequence[Document | str], compressor: PlanCompressor) -> PlannedReading:
         """Plan the documents' readings, then look each up at its ratio in its adapter's stored state (the one path
         NuggetLLM, the chain, the CLI and the harness read documents by), in one `NuggetCompressor.reading`: each
         stored state is read from the store once (the state a probe scored is the one the answer reads), by the key
@@ -218,7 +239,7 @@ class QueryLikelihood(ResolutionPolicy):
     """Mean log-probability of the question's tokens given each document, read from the store at `probe_ratio`
     (training-free; the question-likelihood reranking of UPR, Sachan et al., 2022): one pass over the question's
     tokens per document, against its cached key/values, `probe_batch` documents a forward pass (a cancelled request,
-cancellation.py, stops between passes)."""
+    cancellation.py, stops between passes): `PlanCompressor.question_likelihoods`."""
 
     label: ClassVar[str] = "question likelihood"
     probe_ratio: float = Field(PROBE_RATIO, description="Ratio the documents are read at to score them.")
@@ -227,32 +248,9 @@ cancellation.py, stops between passes)."""
     probe_batch: int = Field(16, ge=1, description="Documents scored in one forward pass.")
 
     def relevance(self, question, texts, compressor):
-        model = compressor.model
         adapter = None if self.probe_reading == "text" else ENCODER
         states = compressor.states(list(texts), self.probe_ratio, adapter=adapter)
-        _, after = model.chat_prompt([{"role": "user", "content": PROBE_INSTRUCTION}])
-        asked = model.tokenizer(question, add_special_tokens=False)["input_ids"]
-        if not asked:
-            raise ValueError("QueryLikelihood needs a question to score the documents with; got an empty one")
-        scores = []
-        for start in range(0, len(states), self.probe_batch):
-            check()
-            scores += self._likelihood(model, states[start : start + self.probe_batch], after, asked, adapter)
-        return scores
-
-    @staticmethod
-    def _likelihood(model: NuggetModel, states: Sequence[NuggetState], after: list[int], asked: list[int],
-                    adapter: str | None) -> list[float]:
-        """The mean log-probability of the `asked` tokens after each state and the `after` prompt: one pass."""
-        ids = torch.tensor([after + asked] * len(states), device=model.device)
-        labels = torch.full_like(ids, -100)
-        labels[:, len(after) :] = ids[:, len(after) :]
-        with torch.inference_mode():
-            out = model.decode([[s] for s in states], ids, labels=labels, return_logits=False,
-                               adapter=None if adapter is None else DECODER)
-        logp = torch.log_softmax(out.target_logits, dim=-1).view(len(states), len(asked), -1)
-        target = torch.tensor(asked, device=logp.device)[None, :, None].expand(len(states), -1, 1)
-        return logp.gather(-1, target).squeeze(-1).mean(-1).tolist()
+        return compressor.question_likelihoods(states, PROBE_INSTRUCTION, question, adapter, self.probe_batch)
 
 
 POLICIES: dict[str, type[ResolutionPolicy]] = {
