@@ -15,9 +15,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..eval.systems.kvzip import reconstruction_passes
-from ..eval.systems.observed_attention import observed_scores
 from ..model.frozen_pass import frozen_pass
+from ..model.importance import observed_scores, reconstruction_passes
 from ..model.nugget_model import NuggetModel
 from .batches import Mixture
 from .config import WarmStartSignal
