@@ -138,6 +138,17 @@ def long_modules(modules: dict[str, Path]) -> dict[str, int]:
             if module != LONG_PENDING and (n := len(path.read_text().splitlines())) > MODULE_LINES}
 
 
+def top_level(modules: dict[str, Path]) -> list[str]:
+    """nugget_rag/*.py, __init__.py included."""
+    return sorted(path.name for module, path in modules.items()
+                  if module == "nugget_rag" or (module.count(".") == 1 and path.name != "__init__.py"
+                                                and module.startswith("nugget_rag.")))
+
+
+def model_lines(modules: dict[str, Path]) -> int:
+    return len(modules["nugget_rag.model.nugget_model"].read_text().splitlines())
+
+
 def private_names(tree: ast.AST) -> set[str]:
     """The private names a module defines: functions, classes, attributes it assigns (`self._x = ...`), constants."""
     names = set()
@@ -208,7 +219,7 @@ def test_each_layer_imports_only_the_layers_listed_above_it():
 
 
 def test_the_top_level_holds_few_modules():
-    top = sorted(p.name for p in PACKAGES["nugget_rag"].glob("*.py"))
+    top = top_level(project_modules())
     assert len(top) <= TOP_LEVEL_MODULES, f"nugget_rag/ has {len(top)} modules ({', '.join(top)}): at most " \
         f"{TOP_LEVEL_MODULES}; put a module in the subpackage of its layer"
 
@@ -224,7 +235,7 @@ def test_no_module_uses_another_modules_private_names():
 
 
 def test_model_py_reads_in_one_sitting():
-    lines = len((ROOT / "nugget_rag" / "model" / "nugget_model.py").read_text().splitlines())
+    lines = model_lines(project_modules())
     assert lines <= MODEL_LINES, f"nugget_rag/model/nugget_model.py has {lines} lines (at most {MODEL_LINES}): move a concern out"
 
 
@@ -235,6 +246,8 @@ INJECTED = {  # a module added to the package with one violation each, and what 
     "long": ("nugget_rag.cli_injected", "x = 1\n" * (MODULE_LINES + 1)),
     "private module": ("nugget_rag.train.injected", "from ..eval.systems._kv import frozen_pass\n"),
     "private name": ("nugget_rag.serving.injected", "from ..integrations.index import _add\n"),
+    "top level": ("nugget_rag.injected", "x = 1\n"),
+    "model.py": ("nugget_rag.model.nugget_model", "x = 1\n" * (MODEL_LINES + 1)),
 }
 
 
@@ -254,5 +267,9 @@ def test_each_rule_fails_on_an_injected_violation(rule, tmp_path):
     elif rule == "private module":
         assert "nugget_rag.train.injected:1: imports the private module nugget_rag.eval.systems._kv" in \
             private_uses(modules)
-    else:
+    elif rule == "private name":
         assert private_uses(modules) == ["nugget_rag.serving.injected: from ..integrations.index import _add"]
+    elif rule == "top level":
+        assert len(top_level(modules)) == len(top_level(project_modules())) + 1 > TOP_LEVEL_MODULES
+    else:
+        assert model_lines(modules) == MODEL_LINES + 1
