@@ -29,8 +29,8 @@ import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nugget_rag.model import NuggetModel
+from nugget_rag.train.batches import Batch
 from nugget_rag.train.config import TrainConfig
-from nugget_rag.train.data import Batch
 from nugget_rag.train.distill import Teacher
 from nugget_rag.train.trainer import Trainer
 

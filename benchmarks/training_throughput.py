@@ -38,7 +38,7 @@ import torch
 import yaml
 
 from nugget_rag.train.config import TrainConfig
-from nugget_rag.train.data import load_records
+from nugget_rag.train.records import load_records
 from nugget_rag.train.sources import Source
 from nugget_rag.train.trainer import Trainer
 

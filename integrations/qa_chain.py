@@ -11,7 +11,7 @@ from langchain_core.runnables import Runnable, RunnablePassthrough
 
 from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.components.llm import NuggetLLM
-from nugget_rag.resolution import ResolutionPolicy, resolve_policy
+from nugget_rag.components.resolution import ResolutionPolicy, resolve_policy
 
 from .index import NuggetIndex
 

@@ -36,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
 from nugget_rag.cancellation import Stop, check
-from nugget_rag.cli_options import RAY_ADDRESS
 from nugget_rag.components.compressor import METADATA_KEY, NuggetCompressor
+from nugget_rag.config import RAY_ADDRESS
 from nugget_rag.model import NuggetModel
 from nugget_rag.model.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.state.store import NuggetStore, StoreLocation, StoreUnavailableError

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
-from .config import ANSWER_NO_REPEAT_NGRAM_SIZE, MergedFormat, NuggetConfig
+from .config import ANSWER_NO_REPEAT_NGRAM_SIZE, RAY_ADDRESS, MergedFormat, NuggetConfig
 from .model.checkpoint_files import DEFAULT_CHECKPOINT
 
 if TYPE_CHECKING:
     from .state.store import StoreLocation
-
-# A Ray cluster's address: HOST:PORT (the head's GCS port) or ray://HOST:PORT (Ray Client); "auto" is also taken.
-RAY_ADDRESS = re.compile(r"(ray://)?(?P<host>[^\s:/\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})")
 
 
 class UserError(Exception):

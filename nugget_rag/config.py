@@ -1,8 +1,10 @@
-"""Pydantic configuration of the nugget parts (what a checkpoint saves beside its weights)."""
+"""Pydantic configuration of the nugget parts (what a checkpoint saves beside its weights), and the constants the
+layers share."""
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -18,6 +20,8 @@ MergedFormat = Literal["float", "int8"]  # how passes without autograd run merge
 # How generation decodes after the prompt (static_decoding.py): "dynamic", a KV cache that grows, eager (the default);
 # "static", a preallocated one; "compiled", static, each one-token step through torch.compile (CUDA graphs on CUDA).
 Decoding = Literal["dynamic", "static", "compiled"]
+# A Ray cluster's address: HOST:PORT (the head's GCS port) or ray://HOST:PORT (Ray Client); "auto" is also taken.
+RAY_ADDRESS = re.compile(r"(ray://)?(?P<host>[^\s:/\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})")
 
 
 class LoraSettings(BaseModel):

@@ -12,7 +12,7 @@ import pytest
 from tiny import tiny_tokenizer
 
 from nugget_rag import corpora
-from nugget_rag.train.data import load_records
+from nugget_rag.train.records import load_records
 from nugget_rag.train.sources import Source
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "build_corpus.py"

@@ -5,9 +5,9 @@ import torch
 
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.cancellation import RequestCancelled, cancellable, check
+from nugget_rag.components.resolution import QueryLikelihood
 from nugget_rag.generation import GenerationSettings, generation_steps
 from nugget_rag.model import NuggetModel
-from nugget_rag.resolution import QueryLikelihood
 
 TEXTS = [f"Passage {i}: the mill by the river grinds {i} sacks of flour a day." for i in range(6)]
 
@@ -49,8 +49,8 @@ def test_a_cancelled_probe_stops_between_passes_and_passes_do_not_change_scores(
     in_passes = QueryLikelihood(probe_batch=2).relevance(question, TEXTS, compressor)
     assert in_passes == pytest.approx(whole, abs=1e-5)
     passes = []
-    real = QueryLikelihood._likelihood
-    monkeypatch.setattr(QueryLikelihood, "_likelihood", staticmethod(lambda *a: passes.append(1) or real(*a)))
+    real = NuggetCompressor._likelihood
+    monkeypatch.setattr(NuggetCompressor, "_likelihood", lambda *a: passes.append(1) or real(*a))
     with cancellable(lambda: len(passes) >= 1), pytest.raises(RequestCancelled):
         QueryLikelihood(probe_batch=2).relevance(question, TEXTS, compressor)
     assert len(passes) == 1

@@ -13,8 +13,9 @@ from nugget_rag.model.checkpoint_files import read_checkpoint_meta
 from nugget_rag.train.config import Distillation
 from nugget_rag.train.data import ExampleBuilder, build_examples, teacher_length
 from nugget_rag.train.distill import Teacher, kl_loss
+from nugget_rag.train.metrics import METRICS_FILE
 from nugget_rag.train.sources import Lengths, Source
-from nugget_rag.train.trainer import METRICS_FILE, Trainer, train
+from nugget_rag.train.trainer import Trainer, train
 from nugget_rag.train.warm_start import importance_targets, scorer_loss
 
 QA_ONE = {"objective": "qa", "path": "squad.json", "dev_split": None}

@@ -16,12 +16,12 @@ from nugget_rag.corpora import DataError
 from nugget_rag.eval import SYSTEMS, EvalConfig, Query, run
 from nugget_rag.eval import runner as eval_runner
 from nugget_rag.eval.systems import Env, get_system
-from nugget_rag.eval.systems._kv import attention_probs, frozen_pass
-from nugget_rag.eval.systems.kvzip import reconstruction_passes
 from nugget_rag.eval.systems.peers import peer_python
 from nugget_rag.eval.systems.resolution import PolicyReading
 from nugget_rag.eval.tasks import load_task
 from nugget_rag.generation.text import first_repeat
+from nugget_rag.model.frozen_pass import attention_probs, frozen_pass
+from nugget_rag.model.importance import reconstruction_passes
 
 ALL_TASKS = ["squad", "cnndm", "autoencoding", "lm", "hotpotqa", "long_cnndm"]
 KIND = {"squad": "qa", "cnndm": "summarization", "autoencoding": "autoencoding", "lm": "lm", "hotpotqa": "qa",

@@ -1,5 +1,6 @@
 """One stored state, any resolution: ranked states, per-document ratios and the resolution policies."""
 
+import inspect
 import math
 
 import pytest
@@ -98,16 +99,17 @@ from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetLLM  # noqa: E402
 from nugget_rag.components.llm import chat_dicts  # noqa: E402
-from nugget_rag.config import DECODER, ENCODER  # noqa: E402
-from nugget_rag.generation import GenerationSettings, generate  # noqa: E402
-from nugget_rag.resolution import (  # noqa: E402
+from nugget_rag.components.resolution import (  # noqa: E402
     LexicalRerank,
+    PlanCompressor,
     QueryLikelihood,
     ResolutionPolicy,
     RetrieverRank,
     UniformResolution,
     resolve_policy,
 )
+from nugget_rag.config import DECODER, ENCODER  # noqa: E402
+from nugget_rag.generation import GenerationSettings, generate  # noqa: E402
 
 TEXTS = [DOC, DOC2, "Rivers run to the sea over stones and sand.", "Bees make honey from the nectar of flowers."]
 QUESTION = "What is the capital of France?"
@@ -116,6 +118,21 @@ QUESTION = "What is the capital of France?"
 @pytest.fixture
 def compressor(make_model):
     return NuggetCompressor(model=make_model(), kv_format="float32")
+
+
+def test_the_compressor_meets_the_plans_protocol(compressor):
+    """The plan reaches states and the model only through PlanCompressor; NuggetCompressor has each of its members,
+    with the same parameters."""
+    assert isinstance(compressor, PlanCompressor)
+    members = [name for name in vars(PlanCompressor) if not name.startswith("_")]
+    assert set(members) == {"effective_ratio", "token_counts", "reading", "states", "lookup", "question_likelihoods"}
+    for name in members:
+        wanted = getattr(PlanCompressor, name)
+        if isinstance(wanted, property):
+            assert isinstance(getattr(NuggetCompressor, name), property)
+        else:
+            assert list(inspect.signature(getattr(NuggetCompressor, name)).parameters) == \
+                list(inspect.signature(wanted).parameters), name
 
 
 @pytest.mark.parametrize("policy", [

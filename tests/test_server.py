@@ -36,7 +36,6 @@ from nugget_rag.generation import (
 from nugget_rag.generation import decoding as generation  # noqa: E402
 from nugget_rag.generation.text import first_repeat  # noqa: E402
 from nugget_rag.integrations import NuggetIndex  # noqa: E402
-from nugget_rag.resolution import QueryLikelihood  # noqa: E402
 from nugget_rag.serving import DirectoryIndex, MemoryIndex, create_app, serve_in_thread  # noqa: E402
 from nugget_rag.serving.ingest_jobs import IngestJob, JobRecords  # noqa: E402
 
@@ -709,8 +708,7 @@ class Steps(list):
 def slow_probe(monkeypatch) -> Steps:
     """Each pass of the probe (QueryLikelihood, 16 passages a pass) first burns PROBE_PASS_S of CPU."""
     passes = Steps()
-    monkeypatch.setattr(QueryLikelihood, "_likelihood", staticmethod(passes.slowed(QueryLikelihood._likelihood,
-                                                                                  PROBE_PASS_S)))
+    monkeypatch.setattr(NuggetCompressor, "_likelihood", passes.slowed(NuggetCompressor._likelihood, PROBE_PASS_S))
     return passes
 
 

@@ -18,13 +18,16 @@ from nugget_rag.config import DECODER, ENCODER, NuggetConfig
 from nugget_rag.corpora import DataError
 from nugget_rag.model import NuggetModel, attention
 from nugget_rag.train import loss, objectives
+from nugget_rag.train.batches import Mixture
 from nugget_rag.train.checkpoint import checkpoints
 from nugget_rag.train.cli import load_config
 from nugget_rag.train.config import TrainConfig
-from nugget_rag.train.data import ExampleStream, Mixture
+from nugget_rag.train.data import ExampleStream
 from nugget_rag.train.flops import FlopCounter
+from nugget_rag.train.metrics import METRICS_FILE
+from nugget_rag.train.resume import CONFIG_FILE
 from nugget_rag.train.sources import Source
-from nugget_rag.train.trainer import CONFIG_FILE, METRICS_FILE, Trainer, train
+from nugget_rag.train.trainer import Trainer, train
 
 LENGTHS = {"document": 48, "query": 6, "answer": 12, "autoencoding": 24}
 NUGGET = {"ratio": 4, "scorer_layer": 2, "lora": {"rank": 4}}
@@ -313,7 +316,8 @@ def test_flag_values_keep_their_types(tmp_path):
 
 @pytest.mark.parametrize("in_user_turn", [True, False])
 def test_task_examples_carry_the_decoders_prompt_prefix(data, in_user_turn):
-    from nugget_rag.train.data import ExampleBuilder, load_records
+    from nugget_rag.train.data import ExampleBuilder
+    from nugget_rag.train.records import load_records
     from nugget_rag.train.sources import Lengths, Source
 
     model = tiny_model()
@@ -555,7 +559,8 @@ def test_resume_takes_a_nested_setting_added_since_as_its_default(data, tmp_path
 
 
 def rag_builder(data, **readings):
-    from nugget_rag.train.data import ExampleBuilder, load_records
+    from nugget_rag.train.data import ExampleBuilder
+    from nugget_rag.train.records import load_records
     from nugget_rag.train.sources import Lengths
 
     model = tiny_model()
@@ -589,7 +594,7 @@ def test_rag_examples_without_gold_answer_with_the_given_wording_and_a_compresse
 
 
 def test_a_batch_reads_each_document_at_its_own_ratio(data):
-    from nugget_rag.train.data import collate
+    from nugget_rag.train.batches import collate
 
     model, builder, records = rag_builder(data, whole_ratios=[1], skim_ratios=[5], gold_compressed=0, no_gold=0)
     out = builder(records[:2], [0])
@@ -607,7 +612,7 @@ def test_a_batch_reads_each_document_at_its_own_ratio(data):
 def test_the_teacher_reads_the_gold_passage_alone(data):
     from dataclasses import replace
 
-    from nugget_rag.train.data import collate
+    from nugget_rag.train.batches import collate
     from nugget_rag.train.distill import Teacher
 
     model, builder, records = rag_builder(data, gold_compressed=0, no_gold=0)
@@ -753,7 +758,7 @@ def test_packed_documents_give_the_padded_loss_and_gradients(name, data, tmp_pat
 def test_packed_documents_compress_to_the_padded_states_in_fewer_rows(ranked):
     """Documents of different lengths, packed first-fit into rows of the longest's width: the same nugget positions,
     scores, keys and values as one document a row, from 3 rows instead of 5."""
-    from nugget_rag.train.data import collate
+    from nugget_rag.train.batches import collate
 
     model = perturb_adapters(tiny_model())
     texts = ["the cat sat on the mat and looked around at all the things", "dogs ran", "blue skies over the hills",

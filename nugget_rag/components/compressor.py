@@ -18,7 +18,7 @@ from pydantic import ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
 from ..cancellation import check
-from ..config import ENCODER, PROBE_RATIO, NuggetConfig
+from ..config import DECODER, ENCODER, PROBE_RATIO, NuggetConfig
 from ..model.checkpoint_files import DEFAULT_CHECKPOINT
 from ..model.nugget_model import NuggetModel
 from ..state.nugget_state import KVFormat, NuggetState
@@ -323,6 +323,35 @@ class NuggetCompressor(BaseDocumentCompressor, RunnableSerializable[CompressorIn
         unknown = [doc.page_content for doc, count in zip(docs, known) if not isinstance(count, int)]
         measured = iter(self.model.tokenizer(unknown, add_special_tokens=False)["input_ids"] if unknown else [])
         return [count if isinstance(count, int) else len(next(measured)) for count in known]
+
+    def question_likelihoods(self, states: Sequence[NuggetState], instruction: str, question: str,
+                             adapter: str | None, batch: int) -> list[float]:
+        """The question-likelihood probe (resolution.QueryLikelihood): the mean log-probability of the `question`'s
+        tokens after each state and a user turn of `instruction`, read by the decoder (the frozen model for states
+        of no `adapter`), `batch` states a forward pass; a cancelled request stops between passes."""
+        _, after = self.model.chat_prompt([{"role": "user", "content": instruction}])
+        asked = self.model.tokenizer(question, add_special_tokens=False)["input_ids"]
+        if not asked:
+            raise ValueError("QueryLikelihood needs a question to score the documents with; got an empty one")
+        scores = []
+        for start in range(0, len(states), batch):
+            check()
+            scores += self._likelihood(states[start : start + batch], after, asked, adapter)
+        return scores
+
+    def _likelihood(self, states: Sequence[NuggetState], after: list[int], asked: list[int],
+                    adapter: str | None) -> list[float]:
+        """The mean log-probability of the `asked` tokens after each state and the `after` prompt: one pass."""
+        model = self.model
+        ids = torch.tensor([after + asked] * len(states), device=model.device)
+        labels = torch.full_like(ids, -100)
+        labels[:, len(after) :] = ids[:, len(after) :]
+        with torch.inference_mode():
+            out = model.decode([[s] for s in states], ids, labels=labels, return_logits=False,
+                               adapter=None if adapter is None else DECODER)
+        logp = torch.log_softmax(out.target_logits, dim=-1).view(len(states), len(asked), -1)
+        target = torch.tensor(asked, device=logp.device)[None, :, None].expand(len(states), -1, 1)
+        return logp.gather(-1, target).squeeze(-1).mean(-1).tolist()
 
     # ------------------------------------------------------------------ LangChain interfaces
     def invoke(self, input: CompressorInput, config: RunnableConfig | None = None, **kwargs: Any) -> list[Document]:

@@ -19,8 +19,8 @@ from ..generation.batching import BatchedGenerator
 from ..generation.decoding import GenerationSettings, RowSteps, generation_steps
 from ..model.nugget_model import NuggetModel
 from ..prompts import QA_PROMPT, chat_token_ids, check_template, render_instruction, takes_question
-from ..resolution import ResolutionPolicy, UniformResolution, default_resolution, resolve_policy
 from .compressor import NuggetCompressor, as_documents
+from .resolution import ResolutionPolicy, UniformResolution, default_resolution, resolve_policy
 
 DOCUMENTS_KEY = "documents"
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "chat": "user"}
@@ -121,7 +121,7 @@ class NuggetLLM(GenerationOptions, BaseChatModel):
     batcher: BatchedGenerator | None = Field(
         None, description="Decode in batches shared with concurrent calls (one BatchedGenerator for all of them).")
     resolution: ResolutionPolicy | Literal["default"] = Field(
-        "default", description="How each document is read (resolution.py): a policy, or a name of RESOLUTIONS. "
+        "default", description="How each document is read (components/resolution.py): a policy, or a name of RESOLUTIONS. "
         "'default': default_resolution() when the documents come with a question, else (summaries) "
         "UniformResolution: every document as nuggets at the compressor's ratio.")
 

@@ -26,11 +26,11 @@ from typing import TypeVar
 import torch
 
 from ..components.compressor import NuggetCompressor
+from ..components.resolution import default_resolution
 from ..corpora import read_documents
 from ..generation import decoding as generation
 from ..generation.decoding import GenerationSettings, stream_generate
 from ..prompts import QA_PROMPT, chat_token_ids, full_context_messages
-from ..resolution import default_resolution
 from ..state.nugget_state import KV_FORMATS
 from ..state.store import NuggetStore
 from .systems.base import Env

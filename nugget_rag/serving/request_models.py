@@ -11,8 +11,8 @@ from fastapi import HTTPException
 from langchain_core.documents import Document
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from ..components.resolution import RESOLUTIONS
 from ..config import ANSWER_NO_REPEAT_NGRAM_SIZE
-from ..resolution import RESOLUTIONS
 
 
 def _check_unicode(where: str, text: str) -> None:

@@ -142,7 +142,7 @@ def _explain(err: ValidationError) -> str:
 
 
 def _write_ready(config: TrainConfig, folder: Path) -> int:
-    from .trainer import write_ready_sets
+    from .run_data import write_ready_sets
 
     written = write_ready_sets(config, folder)
     for entry in written:

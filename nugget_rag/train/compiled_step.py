@@ -32,7 +32,7 @@ from ..model.layout import compose_fixed
 from ..model.nugget_model import NuggetModel
 from ..model.prefix_rows import PrefixRows
 from ..model.scorer import select_fixed
-from .data import Batch
+from .batches import Batch
 from .objectives import OBJECTIVES
 from .sources import Lengths, Source
 

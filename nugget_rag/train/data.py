@@ -1,4 +1,5 @@
-"""Training data: records from files (through `datasets`) -> tokenised examples of one objective -> batches.
+"""Training examples: records (records.py) -> tokenised examples of one objective -> a resumable stream of them
+(batches.py draws micro-batches from the streams).
 
 An example is a dict with
 - ``documents``: token ids of each document to compress (independently; composed in order by the decoder),
@@ -19,7 +20,7 @@ import os
 import random
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,19 +30,18 @@ try:
 except ImportError as err:  # a core install: training is an extra
     raise ImportError("datasets is not installed: nugget-rag's training needs its [train] extra "
                       "(pip install 'nugget-rag[train]')") from err
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from .. import corpora
 from ..config import nugget_count
 from ..model.identity import tokenizer_digest
 from ..model.layout import document_opening, prompt_around_documents
-from ..model.packing import first_fit
 from ..prompts import (
     chat_token_ids,
     full_context_messages,
 )
 from .objectives import OBJECTIVES, example, skip
+from .records import load_records
 from .sources import Lengths, Source
 
 log = logging.getLogger(__name__)
@@ -50,100 +50,8 @@ BATCH_RECORDS = 256  # records per builder call: an example's distractors and ra
 PARALLEL_RECORDS = 1000  # records per tokenising process, at least
 MAX_PROCESSES = 16
 COLUMNS = ["documents", "prefix", "input_ids", "target_start", "references", "readings", "teacher_documents", "skip"]
-_SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text",
-                   ".text": "text", ".md": "text", ".rst": "text"}
-_BUILDERS = {"json": "json", "jsonl": "json", "parquet": "parquet", "text": "text"}
 
 
-# ------------------------------------------------------------------ records
-def resolve_format(source: Source) -> str:
-    if source.format != "auto":
-        return source.format
-    path = Path(source.path)
-    if not path.exists():
-        raise corpora.DataError(f"data path {source.path} not found (for a hub data set, set format='hub')")
-    files = _files(path, None)
-    suffixes = {f.suffix.lower() for f in files}
-    formats = {_SUFFIX_FORMATS.get(s) for s in suffixes}
-    if len(formats) != 1 or None in formats:
-        raise corpora.DataError(f"cannot tell the format of {source.path} (suffixes {sorted(suffixes)}); set format=")
-    fmt = formats.pop()
-    if fmt == "json" and path.is_file():
-        head = path.open(encoding="utf-8").read(4096).lstrip()
-        if head.startswith("{") and '"data"' in head[:200] and '"paragraphs"' in head:
-            return "squad"
-        if head.startswith("[") and '"supporting_facts"' in head:
-            return "hotpotqa"
-    return fmt
-
-
-def _files(path: Path, fmt: str | None) -> list[Path]:
-    if path.is_file():
-        return [path]
-    suffixes = [s for s, f in _SUFFIX_FORMATS.items() if fmt is None or f == fmt or (fmt == "json" and f == "jsonl")]
-    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
-    if not files:
-        raise corpora.DataError(f"{path} holds no data files ({', '.join(suffixes)})")
-    return files
-
-
-def _splits_entry(path: Path) -> dict | None:
-    """The splits.json entry of a file (as in ../shared/data), or None."""
-    table = path.parent / corpora.SPLITS_FILE
-    if not (path.is_file() and table.is_file()):
-        return None
-    return json.loads(table.read_text()).get(path.name)
-
-
-def _guard_test_part(source: Source, fmt: str, split: str | None, entry: dict | None) -> None:
-    """A file whose splits.json `entry` names a test part is read only by part, and in the units those parts
-    count; a folder holding such a file is refused."""
-    path = Path(source.path)
-    if path.is_dir():
-        held = [f.name for f in _files(path, fmt) if (_splits_entry(f) or {}).get("test") is not None]
-        if held:
-            raise corpora.DataError(f"{path} holds {', '.join(held)}, which {corpora.SPLITS_FILE} gives a test part; "
-                                    "name each file as its own source, so that only its part is read")
-        return
-    if entry is None or entry.get("test") is None:
-        return
-    native = resolve_format(source.model_copy(update={"format": "auto"}))
-    if fmt != native and {"squad", "hotpotqa"} & {fmt, native}:  # their readers count other units than lines
-        raise corpora.DataError(f"{path.name} is split by {corpora.SPLITS_FILE} in units of its {native} format; read "
-                                f"it with format=auto, not format={fmt}, so that its test part stays out")
-    if split is None:
-        raise corpora.DataError(f"split=None would read all of {path.name}, its test part included; use split='train'")
-
-
-def load_records(source: Source, split: str | None) -> datasets.Dataset | datasets.IterableDataset:
-    """The raw records of `split` of a source, in one schema per objective (see `corpora`)."""
-    fmt = resolve_format(source)
-    path = Path(source.path)
-    entry = _splits_entry(path) if fmt != "hub" else None
-    if fmt != "hub":
-        _guard_test_part(source, fmt, split, entry)
-    if fmt == "squad":
-        return datasets.Dataset.from_list(corpora.read_squad(path, split))
-    if fmt == "hotpotqa":
-        return datasets.Dataset.from_list(corpora.read_hotpotqa(path, split))
-    if entry is not None:  # a file of ../shared/data: its splits.json decides
-        if source.objective == "summarization":
-            records = corpora.read_summarization(path, split, source.document_field, source.summary_field)
-        else:
-            records = corpora.read_documents(path, split, source.text_field)
-        return datasets.Dataset.from_list(records)
-    if fmt == "hub":
-        data = datasets.load_dataset(source.path, split=split or "train", streaming=source.streaming)
-    else:
-        files = [str(f) for f in _files(path, fmt)]
-        data = datasets.load_dataset(_BUILDERS[fmt], data_files=files, split="train", streaming=source.streaming)
-        if split is not None:
-            keep = corpora.split_filter(path, split)
-            data = data.filter(lambda _, i: keep(i, 0), with_indices=True)
-    return data
-
-
-# ------------------------------------------------------------------ examples
 class ExampleBuilder:
     """Turns records of one source into tokenised examples (a batched `datasets.map` function): the objectives'
     Builder (objectives.py)."""
@@ -335,7 +243,7 @@ def _check_fields(source: Source, record: dict) -> None:
             )
 
 
-# ------------------------------------------------------------------ sampling
+# ------------------------------------------------------------------ streams
 class ExampleStream:
     """An endless, deterministic, resumable stream of one source's examples (reshuffled every epoch)."""
 
@@ -392,150 +300,3 @@ class ExampleStream:
         self.skipped = Counter(state.get("skipped", {}))
         self._iterator = self._order = None
 
-
-@dataclass
-class Batch:
-    """One micro-batch of a single source, padded for the model."""
-
-    source: int
-    documents: list[list[list[int]]]
-    input_ids: torch.Tensor
-    token_mask: torch.Tensor
-    labels: torch.Tensor
-    references: list[list[str]]
-    target_starts: list[int]
-    prefixes: list[list[int]]
-    ratio: float | None = None  # the compression ratio of this micro-batch (None: the model's)
-    readings: list[list[float]] = field(default_factory=list)  # per example, each document's own ratio ([]: ratio)
-    teacher_documents: list[list[list[int]]] = field(default_factory=list)  # per example ([]: its documents)
-
-    @property
-    def tokens(self) -> int:
-        """Tokens the step reads: the documents' and the decoder's."""
-        return sum(len(d) for docs in self.documents for d in docs) + int(self.token_mask.sum())
-
-    @property
-    def padded_tokens(self) -> int:
-        """Tokens the passes compute, padding included: the documents in one encoder batch, then the decoder's."""
-        lengths = [len(d) for docs in self.documents for d in docs]
-        return len(lengths) * max(lengths, default=0) + self.token_mask.numel()
-
-    @property
-    def packed_tokens(self) -> int:
-        """`padded_tokens` with the documents packed (TrainConfig.packing): several to a row of the longest's width
-        (packing.first_fit)."""
-        lengths = [len(d) for docs in self.documents for d in docs]
-        rows = len({row for row, _ in first_fit(lengths, max(lengths))}) if lengths else 0
-        return rows * max(lengths, default=0) + self.token_mask.numel()
-
-    @property
-    def targets(self) -> int:
-        """Labelled tokens: what the loss averages over."""
-        return int((self.labels != -100).sum())
-
-    def split(self, parts: int) -> list[Batch]:
-        """The examples in `parts` smaller batches, in order, each cut to its own longest example."""
-        size = -(-len(self.documents) // parts)
-        pieces = []
-        for start in range(0, len(self.documents), size):
-            rows = slice(start, start + size)
-            width = int(self.token_mask[rows].sum(1).max())
-            pieces.append(replace(self, documents=self.documents[rows], input_ids=self.input_ids[rows, :width],
-                                  token_mask=self.token_mask[rows, :width], labels=self.labels[rows, :width],
-                                  references=self.references[rows], target_starts=self.target_starts[rows],
-                                  prefixes=self.prefixes[rows], readings=self.readings[rows],
-                                  teacher_documents=self.teacher_documents[rows]))
-        return pieces
-
-
-def collate(examples: list[dict], source: int, pad_id: int) -> Batch:
-    width = max(len(e["input_ids"]) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.bool)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)
-    for i, e in enumerate(examples):
-        n = len(e["input_ids"])
-        ids[i, :n] = torch.tensor(e["input_ids"])
-        mask[i, :n] = True
-        labels[i, e["target_start"] : n] = ids[i, e["target_start"] : n]
-    return Batch(source, [e["documents"] for e in examples], ids, mask, labels,
-                 [e["references"] for e in examples], [e["target_start"] for e in examples],
-                 [e["prefix"] for e in examples], readings=[list(e.get("readings") or []) for e in examples],
-                 teacher_documents=[list(e.get("teacher_documents") or []) for e in examples])
-
-
-def example_length(example: dict) -> int:
-    """Tokens an example puts through the model: its documents' and the decoder's (the length it is grouped by)."""
-    return sum(len(d) for d in example["documents"]) + len(example["input_ids"])
-
-
-class Mixture:
-    """Batches drawn from the sources by weight; which source a micro-batch comes from depends only on (seed, draw).
-
-    With several processes (`world`), every process draws the same `batch_size * world` examples and keeps its own
-    slice, so the processes train on different examples while their data positions stay identical.
-
-    `group_by_length` > 1 draws that many micro-batches of a source at once, sorts their examples by length, cuts
-    them into micro-batches of similar lengths and serves those in a shuffled order: less padding, the same
-    examples. A resumed run draws the current group again from where it began and skips what was served.
-    """
-
-    def __init__(self, streams: list[ExampleStream], weights: list[float], seed: int, batch_size: int, pad_id: int,
-                 rank: int = 0, world: int = 1, group_by_length: int = 0):
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is not one of the {world} processes")
-        self.streams, self.seed, self.batch_size, self.pad_id = streams, seed, batch_size, pad_id
-        self.rank, self.world, self.group = rank, world, group_by_length
-        total = sum(weights)
-        self.cumulative = np.cumsum([w / total for w in weights])
-        self.draws = 0
-        self.groups = [_Group() for _ in streams]
-
-    def next_batch(self) -> Batch:
-        u = np.random.default_rng([self.seed, 7, self.draws]).random()
-        source = min(int(np.searchsorted(self.cumulative, u, side="right")), len(self.streams) - 1)
-        self.draws += 1
-        examples = self._take(source) if self.group > 1 else self.streams[source].take(self.batch_size * self.world)
-        return collate(examples[self.rank :: self.world], source, self.pad_id)
-
-    def _take(self, source: int) -> list[dict]:
-        group = self.groups[source]
-        if group.served == len(group.batches):
-            group.start, group.index, group.served = self.streams[source].state_dict(), group.index + 1, 0
-            self._draw(source)
-        group.served += 1
-        return group.batches[group.served - 1]
-
-    def _draw(self, source: int) -> None:
-        """The source's current group: `group` micro-batches of examples of similar lengths, in a shuffled order."""
-        group, size = self.groups[source], self.batch_size * self.world
-        examples = sorted(self.streams[source].take(size * self.group), key=example_length)
-        batches = [examples[i : i + size] for i in range(0, len(examples), size)]
-        order = np.random.default_rng([self.seed, 13, source, group.index]).permutation(len(batches))
-        group.batches = [batches[i] for i in order]
-
-    def state_dict(self) -> dict:
-        return {"draws": self.draws, "streams": [s.state_dict() for s in self.streams],
-                "groups": [{"start": g.start, "index": g.index, "served": g.served} for g in self.groups]}
-
-    def load_state_dict(self, state: dict) -> None:
-        if len(state["streams"]) != len(self.streams):
-            raise ValueError(f"the checkpoint has {len(state['streams'])} data sources, this run {len(self.streams)}")
-        self.draws = state["draws"]
-        for stream, s in zip(self.streams, state["streams"]):
-            stream.load_state_dict(s)
-        for source, saved in enumerate(state.get("groups", [])):
-            self.groups[source] = _Group(saved["start"], saved["index"], saved["served"])
-            if saved["start"] is not None:  # draw the group again from its start; the stream ends where it was
-                self.streams[source].load_state_dict(saved["start"])
-                self._draw(source)
-
-
-@dataclass
-class _Group:
-    """A source's current group of micro-batches (`group_by_length`): the stream's state before it was drawn."""
-
-    start: dict | None = None
-    index: int = -1
-    served: int = 0
-    batches: list[list[dict]] = field(default_factory=list)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from ..model.base_model import BaseLM
 from ..model.layout import decoder_positions, pad
 from ..model.nugget_model import NuggetModel
+from .batches import Batch
 from .config import Distillation
-from .data import Batch
 
 
 class Teacher:

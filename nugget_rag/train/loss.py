@@ -12,9 +12,9 @@ from torch import nn
 from ..config import DECODER, ENCODER, StreamSettings
 from ..generation.autoregressive import NuggetStream
 from ..model.nugget_model import NuggetModel
+from .batches import Batch
 from .compiled_step import CompiledStep
 from .config import Distillation
-from .data import Batch
 from .distill import Teacher, kl_loss
 from .flops import FlopCounter
 from .objectives import OBJECTIVES, parts_of

@@ -29,7 +29,7 @@ class ReadyError(DataError):
 
 
 def ready_name(source_name: str, split: str) -> str:
-    """The folder of a source's split: its name (trainer.source_names) with ':' and '#' spelled '-'."""
+    """The folder of a source's split: its name (run_data.source_names) with ':' and '#' spelled '-'."""
     return re.sub(r"[^\w.-]", "-", source_name) + f"-{split}"
 
 

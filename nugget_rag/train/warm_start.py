@@ -1,10 +1,11 @@
 """Scorer warm start: before end-to-end training, teach the Scorer a training-free importance signal.
 
-The signal is one of the training-free key/value selections of the harness: observed attention (H2O; kvpress's
-ObservedAttentionPress), the attention that the frozen model's later tokens pay each position of a document read
-alone; or KVzip's reconstruction attention, the most attention a position gets while the frozen model repeats the
-document. The Scorer's scores over a document's positions, as a softmax, are fitted to the signal, normalised, by a
-KL (a listwise ranking loss: top-k selection reads only the order of the scores).
+The signal is one of the importances the harness's key/value baselines keep positions by (model/importance.py):
+observed attention (H2O; kvpress's ObservedAttentionPress), the attention that the frozen model's later tokens pay
+each position of a document read alone; or KVzip's reconstruction attention, the most attention a position gets
+while the frozen model repeats the document. The Scorer's scores over a document's positions, as a softmax, are
+fitted to the signal, normalised, by a KL (a listwise ranking loss: top-k selection reads only the order of the
+scores).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..eval.systems._kv import frozen_pass
-from ..eval.systems.kvzip import reconstruction_passes
-from ..eval.systems.observed_attention import observed_scores
+from ..model.frozen_pass import frozen_pass
+from ..model.importance import observed_scores, reconstruction_passes
 from ..model.nugget_model import NuggetModel
+from .batches import Mixture
 from .config import WarmStartSignal
-from .data import Mixture
 
 log = logging.getLogger(__name__)
 

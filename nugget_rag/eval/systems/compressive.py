@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from ...model.attention import rotate_keys
+from ...model.frozen_pass import frozen_pass
 from ...state.nugget_state import NuggetState
-from ._kv import frozen_pass
 from .base import Env, Reading, Reimplementation, budget, document_readings, register
 
 

@@ -11,37 +11,9 @@ like nuggets.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import torch
-
-from ._kv import FrozenPass, attention_probs, frozen_pass, top_states
+from ...model.importance import reconstruction_passes, repeat_prompt_ids
+from ._kv import top_states
 from .base import Env, Reading, Reimplementation, Skipped, document_readings, register
-
-REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n"
-
-
-def repeat_prompt_ids(model) -> list[int]:
-    return model.tokenizer.encode(REPEAT_PROMPT, add_special_tokens=False)
-
-
-def reconstruction_scores(model, run: FrozenPass, n: int) -> torch.Tensor:
-    """[n] scores of the document's positions from a frozen pass over document + repeat prompt + document."""
-    rows = torch.arange(run.keys.shape[2] - n, run.keys.shape[2], device=run.keys.device)
-    kv_heads = run.keys.shape[1]
-    total = torch.zeros(n, device=run.keys.device)
-    for layer in range(run.keys.shape[0]):
-        probs = attention_probs(model, run, rows, layer)[:, :, :n]  # [heads, n repeated, n]
-        total += probs.view(kv_heads, -1, n).amax(1).mean(0)
-    return total / run.keys.shape[0]
-
-
-def reconstruction_passes(model, documents: Sequence[Sequence[int]]) -> list[tuple[FrozenPass, torch.Tensor]]:
-    """Each document's frozen pass (its own positions come first) and its reconstruction scores."""
-    prompt = repeat_prompt_ids(model)
-    sequences = [list(ids) + prompt + list(ids) for ids in documents]
-    return [(run, reconstruction_scores(model, run, len(ids)))
-            for ids, run in zip(documents, frozen_pass(model, sequences, queries=True))]
 
 
 @register("kvzip")

@@ -9,20 +9,10 @@ positions); their keys/values are cached per document and reused by every questi
 
 from __future__ import annotations
 
-import torch
-
-from ._kv import attention_probs, frozen_pass, top_states
+from ...model.frozen_pass import frozen_pass
+from ...model.importance import observed_scores
+from ._kv import top_states
 from .base import Env, Reading, Reimplementation, document_readings, register
-
-
-def observed_scores(model, run) -> torch.Tensor:
-    n = run.keys.shape[2]
-    rows = torch.arange(n, device=run.keys.device)
-    total = torch.zeros(n, device=run.keys.device)
-    for layer in range(run.keys.shape[0]):
-        probs = attention_probs(model, run, rows, layer)  # [heads, n, n]
-        total += probs.mean(0).sum(0)
-    return total / torch.arange(n, 0, -1, device=total.device)
 
 
 @register("observed_attention")

@@ -14,7 +14,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from ...components.compressor import NuggetCompressor
-from ...resolution import POLICIES, ResolutionPolicy, default_resolution
+from ...components.resolution import POLICIES, ResolutionPolicy, default_resolution
 from .base import Env, Reading, Skipped, System, register
 
 QA = frozenset({"qa"})

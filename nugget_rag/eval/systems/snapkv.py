@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._kv import attention_probs, frozen_pass, state_at
+from ...model.frozen_pass import attention_probs, frozen_pass
+from ._kv import state_at
 from .base import Env, Reading, Reimplementation, Skipped, budget, register
 
 POOL = 7

@@ -8,7 +8,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
-from ...resolution import RESOLUTIONS
+from ...components.resolution import RESOLUTIONS
 
 router = APIRouter()
 PAGE = Path(__file__).parents[1] / "page.html"
