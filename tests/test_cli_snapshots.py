@@ -1,0 +1,98 @@
+"""`nugget-rag --help`, every command's `--help`, and one bad value a command, against the text the command gave
+before it became a package of commands (tests/data/cli_help.json, tests/data/cli_errors.json).
+
+The snapshots were taken from the single-module cli.py; `python tests/test_cli_snapshots.py` writes them again from
+the code as it stands (only when a change of the text is meant).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from nugget_rag import cli
+
+DATA = Path(__file__).parent / "data"
+HELP_FILE, ERRORS_FILE = DATA / "cli_help.json", DATA / "cli_errors.json"
+COLUMNS = "100"  # argparse wraps help to the terminal's width: one width for every run
+
+HELP = [[], ["ingest"], ["ask"], ["serve"], ["jobs"], ["index"], ["index", "check"], ["refloor"], ["prune"],
+        ["inspect"], ["train"], ["eval"]]
+
+BAD = {  # a case a command (or argparse before it) refuses: its arguments; none loads a model
+    "no command": [],
+    "unknown command": ["index-all"],
+    "ingest: --chunk-tokens 0": ["ingest", "notes.md", "--chunk-tokens", "0"],
+    "ingest: --workers without --ray": ["ingest", "/nonexistent/notes.md", "--workers", "2"],
+    "ingest: a missing file": ["ingest", "/nonexistent/notes.md", "--index", "/nonexistent/index"],
+    "ask: no index": ["ask", "Which planet?"],
+    "ask: --repetition-penalty 0.5": ["ask", "Which planet?", "--repetition-penalty", "0.5"],
+    "ask: --vectorstore with --store": ["ask", "Which planet?", "--store", "redis://127.0.0.1:1/0",
+                                        "--vectorstore", "langchain_chroma:Chroma"],
+    "serve: no index": ["serve"],
+    "serve: --replicas without --ray": ["serve", "--index", "/nonexistent/index", "--replicas", "2"],
+    "serve: --replicas 3..1": ["serve", "--replicas", "3..1"],
+    "jobs: resume without an ID": ["jobs", "resume", "--index", "/nonexistent/index"],
+    "jobs: no index": ["jobs", "list"],
+    "jobs: no store in the index": ["jobs", "list", "--index", "/nonexistent/index"],
+    "index: --store a path": ["index", "check", "--store", "/var/nuggets"],
+    "refloor: no index": ["refloor", "--index", "/nonexistent/index", "--keep-ratio", "4"],
+    "refloor: --keep-ratio 0.5": ["refloor", "--index", "/nonexistent/index", "--keep-ratio", "0.5"],
+    "prune: no index": ["prune", "--index", "/nonexistent/index"],
+    "inspect: a missing file": ["inspect", "missing_script.py"],
+    "inspect: --ratio 0.5": ["inspect", "some text", "--ratio", "0.5"],
+    "train: a missing config": ["train", "--config", "/nonexistent/run.yaml"],
+    "eval: --task-split without =": ["eval", "--task-split", "hotpotqa"],
+}
+
+
+def run(argv: list[str]) -> dict:
+    """The exit code and the text `nugget-rag ARGV` writes."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+
+def helps() -> dict[str, dict]:
+    return {" ".join(["nugget-rag", *command, "--help"]): run([*command, "--help"]) for command in HELP}
+
+
+def errors() -> dict[str, dict]:
+    return {name: {"argv": argv, **run(argv)} for name, argv in BAD.items()}
+
+
+@pytest.fixture(autouse=True)
+def fixed_width(monkeypatch):
+    monkeypatch.setenv("COLUMNS", COLUMNS)
+
+
+def test_the_help_texts_are_those_before_the_move():
+    expected = json.loads(HELP_FILE.read_text())
+    found = helps()
+    assert list(found) == list(expected)
+    for command, text in expected.items():
+        assert found[command] == text, command
+
+
+def test_each_command_refuses_a_bad_value_as_it_did_before_the_move():
+    expected = json.loads(ERRORS_FILE.read_text())
+    found = errors()
+    assert list(found) == list(expected)
+    for name, outcome in expected.items():
+        assert found[name] == outcome, name
+        assert outcome["code"] == 2 and outcome["stderr"], name
+
+
+if __name__ == "__main__":  # write the snapshots from the code as it stands
+    os.environ["COLUMNS"] = COLUMNS
+    DATA.mkdir(exist_ok=True)
+    for path, found in ((HELP_FILE, helps()), (ERRORS_FILE, errors())):
+        path.write_text(json.dumps(found, indent=1, ensure_ascii=False) + "\n")
+        print(f"wrote {path} ({len(found)} cases)", file=sys.stderr)
