@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
-from nugget_rag.cancellation import Stop
+from nugget_rag.cancellation import Stop, cancellable
 from nugget_rag.components.compressor import NuggetCompressor
 from nugget_rag.state.store import NuggetStore
 
@@ -49,6 +49,8 @@ from .vectorstores import (
 )
 
 log = logging.getLogger(__name__)
+
+Pipeline = Callable[["NuggetIndex", list[Document]], int]  # how an ingest adds documents to an index: its new chunks
 
 
 class NuggetIndex:
@@ -335,4 +337,18 @@ class NuggetIndex:
             index.save(directory)
 
 
-__all__: list[str] = ["NuggetIndex"]
+def ingest_into_directory(directory: str | Path, compressor: NuggetCompressor, embeddings: Embeddings | None,
+                          documents: Iterable[Document], stop: Stop | None = None, pipeline: Pipeline | None = None,
+                          **kwargs: Any) -> tuple[NuggetIndex, int]:
+    """Open the index in `directory` (a new one where none is saved) under its lock, add `documents` with `pipeline`
+    (default `NuggetIndex.ingest`: split, compress, embed, add) and save it: the index as saved and its new chunks.
+    Once `stop()` is true the pipeline stops at its next step (RequestCancelled) and nothing is saved. `kwargs` are
+    NuggetIndex's. The one update of a directory that `nugget-rag ingest`, `jobs resume` and the served indexes
+    (serving/local_index.py, serving/ray_serve.py) make."""
+    with NuggetIndex.updating(directory, compressor, embeddings, **kwargs) as index:
+        with cancellable(stop) if stop is not None else nullcontext():
+            added = (pipeline or NuggetIndex.ingest)(index, list(documents))
+    return index, added
+
+
+__all__: list[str] = ["NuggetIndex", "Pipeline", "ingest_into_directory"]

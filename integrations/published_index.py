@@ -30,7 +30,7 @@ from nugget_rag.components.compressor import NuggetCompressor
 from nugget_rag.state.store import NuggetStore, StoreLocation
 
 from .faiss_store import faiss_of, faiss_vectors
-from .index import NuggetIndex
+from .index import NuggetIndex, Pipeline
 from .index_files import IndexFileError
 from .index_publishing import PublishOptions, merge_groups, publish_lock, publish_version
 from .index_segments import (
@@ -51,8 +51,6 @@ from .retriever import NuggetRetriever
 from .vectorstores import DEFAULT_VECTORSTORE
 
 log = logging.getLogger(__name__)
-
-Pipeline = Callable[[NuggetIndex, list[Document]], int]
 
 
 def published_manifest(store: NuggetStore, name: str = "default") -> dict[str, Any] | None:

@@ -10,9 +10,9 @@ from typing import Any
 
 from langchain_core.documents import Document
 
-from ..cancellation import Stop, cancellable
+from ..cancellation import Stop
 from ..integrations import ingest_pipeline
-from ..integrations.index import NuggetIndex
+from ..integrations.index import NuggetIndex, ingest_into_directory
 from .served_index import ServedIndex
 
 
@@ -89,13 +89,18 @@ class DirectoryIndex:
         return self._current
 
     def ingest(self, documents: list[Document], stop: Stop) -> int:
-        with NuggetIndex.updating(self.directory, self.compressor, self.embeddings, **self.settings) as updated:
-            with cancellable(stop):  # stopped, the copy is not saved
-                added = updated.ingest(documents)
-            version = next(self._versions)
+        drawn: list[int] = []  # the update's version, drawn under the directory's lock: in the order of the saves
+
+        def numbered(index: NuggetIndex, documents: list[Document]) -> int:
+            added = index.ingest(documents)
+            drawn.append(next(self._versions))
+            return added
+
+        updated, added = ingest_into_directory(self.directory, self.compressor, self.embeddings, documents, stop,
+                                               numbered, **self.settings)  # stopped, the copy is not saved
         with self._publishing:
-            if version > self._published:
-                self._current, self._published = updated, version
+            if drawn[0] > self._published:
+                self._current, self._published = updated, drawn[0]
         return added
 
     def __len__(self) -> int:

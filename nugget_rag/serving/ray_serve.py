@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..cancellation import Stop
 from ..components.compressor import NuggetCompressor
 from ..config import MergedFormat
-from ..integrations.index import NuggetIndex
+from ..integrations.index import NuggetIndex, ingest_into_directory
 from ..integrations.index_files import MANIFEST_FILE, IndexFileError, read_manifest
 from ..integrations.ingest_pipeline import ingest
 from ..integrations.published_index import PublishedIndex, published_manifest
@@ -176,9 +176,8 @@ class ReplicaIndex:
         index = self.current()
         settings = {"chunk_tokens": index.chunk_tokens, "chunk_overlap": index.chunk_overlap,
                     "vectorstore": self.user_vectorstore}
-        with NuggetIndex.updating(self.directory, self.compressor, self.embeddings,
-                                  **settings) as updated:  # stopped, the copy is not saved
-            added = ingest_on_ray(self.spec, updated, documents, stop)
+        _, added = ingest_into_directory(self.directory, self.compressor, self.embeddings, documents, stop,
+                                         partial(ingest_on_ray, self.spec), **settings)  # stopped: not saved
         self.current()  # this replica's next answer reads it
         return added
 
