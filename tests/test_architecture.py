@@ -23,8 +23,7 @@ PACKAGES = {"nugget_rag": ROOT / "nugget_rag", "nugget_rag.integrations": ROOT /
 ALIASES = {"integrations": "nugget_rag.integrations"}  # how tests and scripts import the integrations folder
 MODEL_LINES = 350
 MODULE_LINES = 400
-TOP_LEVEL_MODULES = 8  # nugget_rag/*.py, __init__.py included
-LONG_PENDING = "nugget_rag.cli"  # the command line as a package of commands: issue 69, item 1 (then no exemption)
+TOP_LEVEL_MODULES = 7  # nugget_rag/*.py, __init__.py included
 
 
 def project_modules() -> dict[str, Path]:
@@ -135,7 +134,7 @@ def upward_imports(modules: dict[str, Path]) -> list[str]:
 
 def long_modules(modules: dict[str, Path]) -> dict[str, int]:
     return {module: n for module, path in modules.items()
-            if module != LONG_PENDING and (n := len(path.read_text().splitlines())) > MODULE_LINES}
+            if (n := len(path.read_text().splitlines())) > MODULE_LINES}
 
 
 def top_level(modules: dict[str, Path]) -> list[str]:
@@ -196,7 +195,7 @@ def test_the_graph_sees_every_kind_of_import():
     assert "nugget_rag.model.nugget_model" in graph["nugget_rag"]  # relative, from a package's __init__
     assert "nugget_rag.integrations.index" in graph["nugget_rag.integrations"]  # package-dir mapping
     assert "nugget_rag.model.nugget_model" in graph["nugget_rag.eval.systems.base"]  # under TYPE_CHECKING
-    assert "nugget_rag.integrations" in graph["nugget_rag.cli"]  # inside a function
+    assert "nugget_rag.integrations.prune" in graph["nugget_rag.cli.prune"]  # inside a function
 
 
 def test_modules_import_each_other_without_a_cycle():

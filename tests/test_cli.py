@@ -22,8 +22,8 @@ def tiny_cli(monkeypatch, tiny_model):
         store = NuggetStore(directory=store_dir) if store_dir is not None else NuggetStore()
         return NuggetCompressor(model=tiny_model, store=store, ratio=getattr(args, "ratio", None))
 
-    monkeypatch.setattr(cli, "load_compressor", load_compressor)
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "load_compressor", load_compressor)
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
 
 
 @pytest.fixture
@@ -224,8 +224,8 @@ from test_integrations import HashEmbeddings
 from tiny import tiny_base
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, cli
 model = NuggetModel(tiny_base(), NuggetConfig(ratio=4, scorer_layer=2, lora={{"rank": 4}}))
-cli.load_compressor = lambda args, store_dir=None: NuggetCompressor(model=model, store=NuggetStore(directory=store_dir))
-cli.load_embeddings = lambda args: HashEmbeddings()
+cli.loading.load_compressor = lambda args, store_dir=None: NuggetCompressor(model=model, store=NuggetStore(directory=store_dir))
+cli.loading.load_embeddings = lambda args: HashEmbeddings()
 sys.exit(cli.main(["ingest", {path!r}, "--index", {index!r}, "--chunk-tokens", "200", "-q"]))
 """
 

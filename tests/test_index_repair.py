@@ -74,9 +74,9 @@ def answers(index) -> list[str]:
 @pytest.fixture
 def cli_on(model, monkeypatch, tmp_path):
     """The CLI with the tiny model and the hash embeddings, this machine's cache under tmp_path."""
-    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: NuggetCompressor(
+    monkeypatch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: NuggetCompressor(
         model=model, store=args.store.open(), ratio=args.ratio))
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
 
 

@@ -246,8 +246,8 @@ def test_nugget_rag_jobs_resume_finishes_an_interrupted_job_into_its_index(tmp_p
     index_dir = tmp_path / "index"
     compressor = tiny_compressor(NuggetStore(directory=index_dir / "nuggets"))
     resumer = compressor.model_copy(update={"store": NuggetStore(directory=index_dir / "nuggets")})  # the CLI's
-    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: resumer)
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: resumer)
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
     with NuggetIndex.updating(index_dir, compressor, HashEmbeddings()) as index:
         index.ingest(DOCUMENTS[:32])  # the first part, ingested before its server stopped
     records = JobRecords(compressor.store)

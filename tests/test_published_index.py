@@ -363,9 +363,9 @@ def test_ask_and_serve_read_the_index_published_in_the_store(model, redis_url, t
 
     from nugget_rag import cli
 
-    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: NuggetCompressor(
+    monkeypatch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: NuggetCompressor(
         model=model, store=args.store.open(), ratio=args.ratio))
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert cli.main(["ask", "anything?"]) == 2 and "--store REDIS_URL (the index published" in capsys.readouterr().err
     assert cli.main(["ask", "anything?", "--store", redis_url]) == 2
@@ -388,9 +388,9 @@ def test_ask_and_serve_read_the_index_published_in_the_store(model, redis_url, t
 def test_ingest_with_a_store_and_no_index_publishes_into_the_store(model, redis_url, tmp_path, monkeypatch, capsys):
     from nugget_rag import cli
 
-    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: NuggetCompressor(
+    monkeypatch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: NuggetCompressor(
         model=model, store=args.store.open(), ratio=args.ratio))
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     folder = tmp_path / "docs"
     folder.mkdir()

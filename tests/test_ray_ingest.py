@@ -107,10 +107,10 @@ def ingested(cluster, redis_url, corpus, tmp_path_factory):
     work = tmp_path_factory.mktemp("ingest")
     loader = TinyLoader(log=str(work / "computed.log"), crash=str(work / "crashed"))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cli, "load_compressor", lambda args, store_dir=None: tiny_compressor(
+        patch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: tiny_compressor(
             args.store.open()))
-        patch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
-        patch.setattr(cli, "ray_model_loader", lambda args: loader)
+        patch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
+        patch.setattr(cli.loading, "ray_model_loader", lambda args: loader)
         code = cli.main(["ingest", *corpus, "--index", str(work / "index"), "--store", redis_url, "--ray",
                          "--workers", "2", "--chunk-tokens", "64", "--chunk-overlap", "8", "-q"])
     assert code == 0
@@ -183,7 +183,7 @@ def test_an_unreachable_ray_address_is_named_before_any_work(tmp_path, capsys, m
     index = NuggetIndex(tiny_compressor(NuggetStore(directory=tmp_path)), HashEmbeddings(), **CHUNKING)
     with pytest.raises(RayClusterError, match=f"cannot reach the Ray cluster at {address}"):
         ingest_distributed(index, DOCS, RayIngestOptions(address=address))
-    monkeypatch.setattr(cli, "load_compressor", lambda *a, **k: pytest.fail("loaded the model before the check"))
+    monkeypatch.setattr(cli.loading, "load_compressor", lambda *a, **k: pytest.fail("loaded the model before the check"))
     assert cli.main(["ingest", str(tmp_path), "--index", str(tmp_path / "index"), f"--ray={address}"]) == 2
     assert f"cannot reach the Ray cluster at {address}" in capsys.readouterr().err
     assert cli.main(["ingest", "--ray", str(tmp_path), "--index", str(tmp_path / "index")]) == 2
@@ -203,9 +203,9 @@ def test_ingest_on_ray_without_an_index_publishes_into_the_store(ingested, corpu
 
     loader = ingested["loader"].model_copy(update={"crash": None})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: tiny_compressor(args.store.open()))
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
-    monkeypatch.setattr(cli, "ray_model_loader", lambda args: loader)
+    monkeypatch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: tiny_compressor(args.store.open()))
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "ray_model_loader", lambda args: loader)
     before = computed(Path(loader.log))
     assert cli.main(["ingest", *corpus, "--store", redis_url, "--ray", "--workers", "1", "--chunk-tokens", "64",
                      "--chunk-overlap", "8", "-q"]) == 0

@@ -155,8 +155,8 @@ def test_answers_equal_the_single_process_servers(served, ingested, redis_url):
 
 def test_bad_input_is_refused_before_any_replica_starts(served, ingested, redis_url, tmp_path, capsys, monkeypatch):
     address = f"127.0.0.1:{free_port()}"
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
-    monkeypatch.setattr(cli, "ray_model_loader", lambda args: TinyLoader())
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "ray_model_loader", lambda args: TinyLoader())
     started = []
     monkeypatch.setattr(serve, "run", lambda *args, **kwargs: started.append(args))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -172,7 +172,7 @@ def test_bad_input_is_refused_before_any_replica_starts(served, ingested, redis_
         assert "--replicas" in capsys.readouterr().err
     assert cli.main([*serving, "--replicas", "2"]) == 2
     assert "add --ray" in capsys.readouterr().err
-    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: tiny_compressor(
+    monkeypatch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: tiny_compressor(
         args.store.open(), seed=1))
     assert cli.main([*serving, "--ray", "--replicas", "2"]) == 2
     assert "the index 'default' published in redis://" in capsys.readouterr().err

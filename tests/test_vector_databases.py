@@ -147,8 +147,8 @@ def test_cli_ingest_and_ask_with_vectorstore(engine, capsys, tmp_path, tiny_mode
     def load_compressor(args, store_dir=None):
         return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=store_dir), ratio=args.ratio)
 
-    monkeypatch.setattr(cli, "load_compressor", load_compressor)
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "load_compressor", load_compressor)
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
     docs = tmp_path / "docs"
     docs.mkdir()
     for doc in DOCS:
@@ -214,8 +214,8 @@ def test_an_engine_that_does_not_answer_is_named_with_its_address(compressor, mo
                            kwargs={"collection_name": "docs", "client_options": {"url": url, "timeout": 2}})
     with pytest.raises(EngineUnavailable, match=rf"does not answer at the address its settings give .*{url}"):
         spec.build(HashEmbeddings())
-    monkeypatch.setattr(cli, "load_compressor", lambda args, store_dir=None: compressor)
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: compressor)
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
     (tmp_path / "a.txt").write_text(DOCS[0].page_content)
     assert cli.main(["ingest", str(tmp_path / "a.txt"), "--index", str(tmp_path / "index"), "--vectorstore",
                      spec.target, "--vectorstore-kwargs", json.dumps(spec.kwargs)]) == 2

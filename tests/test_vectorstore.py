@@ -241,8 +241,8 @@ def test_cli_ingest_ask_and_prune_over_the_users_store(capsys, tmp_path, tiny_mo
     def load_compressor(args, store_dir=None):
         return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=store_dir), ratio=args.ratio)
 
-    monkeypatch.setattr(cli, "load_compressor", load_compressor)
-    monkeypatch.setattr(cli, "load_embeddings", lambda args: HashEmbeddings())
+    monkeypatch.setattr(cli.loading, "load_compressor", load_compressor)
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
     docs = tmp_path / "docs"
     docs.mkdir()
     for doc in DOCS:
