@@ -101,6 +101,3 @@ def ask_server(args: argparse.Namespace) -> int:
     for meta in tail.get("sources", []):
         print(f"  {source_label(meta)}")
     return 0
-
-
-__all__ = ["register", "run"]

@@ -33,6 +33,3 @@ def run_eval(args: argparse.Namespace) -> int:
 
     argv = args.argv[1:] if args.argv and args.argv[0] == "eval" else args.argv
     return run_from_args(args, argv)
-
-
-__all__ = ["register", "run_eval"]

@@ -41,6 +41,3 @@ def run(args: argparse.Namespace) -> int:
         report = check_index(store, args.name)
     print(report.text())
     return 0 if report.ok and not report.lost_sources else 1
-
-
-__all__ = ["register", "run"]

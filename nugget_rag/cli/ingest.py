@@ -135,6 +135,3 @@ def report_ingest(args: argparse.Namespace, index: NuggetIndex, added: int, comp
         size = f"{written / 2**20:.1f} MiB" if written >= 2**20 else f"{written / 2**10:.1f} KiB"
         print(f"Stored {size}, {written / max(stats['tokens'], 1):,.0f} bytes a token: nuggets "
               f"kept down to r = {compressor.keep_ratio:g}, {text} text states ({compressor.kv_format})")
-
-
-__all__ = ["chunking_options", "register", "run"]

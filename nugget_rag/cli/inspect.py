@@ -61,6 +61,3 @@ def text_and_title(given: str) -> tuple[str, str]:
     if not text.strip():
         raise UserError("nothing to inspect: the text is empty")
     return text, title
-
-
-__all__ = ["register", "run"]

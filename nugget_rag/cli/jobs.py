@@ -86,6 +86,3 @@ def resume(args: argparse.Namespace) -> int:
     print(f"ingest job {job.id} {job.status}: {job.done} of {job.documents} documents ingested, {job.added} new "
           f"chunks in all" + (f"; {job.error}" if job.error else ""))
     return 0 if job.status == "done" else 1
-
-
-__all__ = ["register", "run"]

@@ -40,6 +40,3 @@ def run(args: argparse.Namespace) -> int:
           f"({report.bytes_removed / 2**20:.1f} MiB); kept {report.kept} states of {len(report.indexes)} "
           f"index(es){gone}")
     return 0
-
-
-__all__ = ["register", "run"]

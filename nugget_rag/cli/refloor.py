@@ -41,6 +41,3 @@ def run(args: argparse.Namespace) -> int:
           f"r = {report.new_floor:g}: {report.bytes_before / 2**20:.1f} MiB -> {report.bytes_after / 2**20:.1f} MiB"
           f"{shrink}; {report.missing} not in the store are compressed when first read")
     return 0
-
-
-__all__ = ["register", "run"]

@@ -124,6 +124,3 @@ def loopback(host: str) -> bool:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name
         return False
-
-
-__all__ = ["register", "run"]
