@@ -320,7 +320,7 @@ def test_a_replica_over_a_directory_reads_each_save_and_ingests_under_its_lock(t
         other.ingest([Document(page_content=TEXTS[0])])
     assert len(replica) == 1
 
-    monkeypatch.setattr(ray_serve, "ingest_on_ray", lambda spec, index, documents, stop: ingest(index, documents, stop))
+    monkeypatch.setattr(ray_serve, "ingest_on_ray", lambda spec, index, documents, stop=None: ingest(index, documents, stop))
     assert replica.ingest([Document(page_content=TEXTS[1])], lambda: False) == 1
     assert len(replica) == 2 and len(NuggetIndex.open(directory, compressor, HashEmbeddings())) == 2
     with pytest.raises(RequestCancelled):
