@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Collection, Iterator, Sequence
-from typing import Literal, get_args
+from typing import Literal, TypedDict, Unpack, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -135,36 +135,32 @@ def next_token(logits: torch.Tensor, settings: GenerationSettings, generator: to
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def stream_generate(
-    model: NuggetModel,
-    samples: Sequence[Sequence[NuggetState]],
-    prompts: Sequence[Sequence[int]],
-    settings: GenerationSettings | None = None,
-    soft_prompt: bool = False,
-    adapter: str | None = DECODER,
-    prefixes: Sequence[Sequence[int] | None] | None = None,
-) -> Iterator[list[str]]:
+class DecoderOptions(TypedDict, total=False):
+    """How the decoder reads each row besides its documents' states and prompt: the keyword arguments that
+    `generate`, `stream_generate` and `generation_steps` share."""
+
+    soft_prompt: bool  # the soft prompt before the prompt (default False)
+    adapter: str | None  # the adapter that decodes (default DECODER; None: the base model)
+    prefixes: Sequence[Sequence[int] | None] | None  # each row's prompt prefix (default None: the document opening)
+
+
+def stream_generate(model: NuggetModel, samples: Sequence[Sequence[NuggetState]], prompts: Sequence[Sequence[int]],
+                    settings: GenerationSettings | None = None,
+                    **options: Unpack[DecoderOptions]) -> Iterator[list[str]]:
     """Yield, step by step, the new text of each row ('' when a row has nothing new or is finished).
 
     Each row reads its prompt prefix (`NuggetModel.chat_prompt`; None: the document opening), the nuggets of its
     documents, then its prompt tokens (left-padded in the batch). The prompt is run once; every later step feeds
     one token per row against the cached keys/values.
     """
-    for pieces, _ in generation_steps(model, samples, prompts, settings, soft_prompt, adapter, prefixes):
+    for pieces, _ in generation_steps(model, samples, prompts, settings, **options):
         yield pieces
 
 
 @torch.inference_mode()
-def generation_steps(
-    model: NuggetModel,
-    samples: Sequence[Sequence[NuggetState]],
-    prompts: Sequence[Sequence[int]],
-    settings: GenerationSettings | None = None,
-    soft_prompt: bool = False,
-    adapter: str | None = DECODER,
-    prefixes: Sequence[Sequence[int] | None] | None = None,
-    leave: Collection[int] = (),
-) -> Iterator[tuple[list[str], list[FinishReason | None]]]:
+def generation_steps(model: NuggetModel, samples: Sequence[Sequence[NuggetState]], prompts: Sequence[Sequence[int]],
+                     settings: GenerationSettings | None = None, *, leave: Collection[int] = (),
+                     **options: Unpack[DecoderOptions]) -> Iterator[tuple[list[str], list[FinishReason | None]]]:
     """`stream_generate`'s steps, each with every row's finish reason once that step's text is its last (None
     before): "stop" where an end-of-sequence token or a stop string ended it, "length" where the token budget
     (max_new_tokens, or the model's positions) cut it. With `settings.finish_sentence`, a row the budget would cut
@@ -176,12 +172,15 @@ def generation_steps(
     checks it: a cancelled request's steps end with RequestCancelled.
     """
     settings = settings or GenerationSettings()
+    if unknown := sorted(options.keys() - DecoderOptions.__annotations__.keys()):
+        raise TypeError(f"unknown decoder options {unknown}: the decoder takes {sorted(DecoderOptions.__annotations__)}")
+    soft_prompt, adapter = options.get("soft_prompt", False), options.get("adapter", DECODER)
     if len(samples) != len(prompts):
         raise ValueError(f"got {len(samples)} document lists for {len(prompts)} prompts")
     if any(len(p) == 0 for p in prompts) and not (soft_prompt and model.soft_prompt.shape[0]):
         raise ValueError("every prompt needs at least one token (an empty one only after the soft prompt)")
     input_ids, token_mask = model.pad(prompts, left=True)
-    layout = model.layout(samples, prefixes, adapter)
+    layout = model.layout(samples, options.get("prefixes"), adapter)
     embeds, token_mask = model.embed(input_ids, token_mask, soft_prompt)
     model.check_positions(int(layout.next_positions.max()), embeds.shape[1] + 1)  # room for one new token at least
     budget = model.max_positions - int(layout.next_positions.max()) - embeds.shape[1]
@@ -275,18 +274,11 @@ def prefill_nuggets(layout: NuggetLayout, token_mask: torch.Tensor) -> tuple[Dyn
     return cache, present
 
 
-def generate(
-    model: NuggetModel,
-    samples: Sequence[Sequence[NuggetState]],
-    prompts: Sequence[Sequence[int]],
-    settings: GenerationSettings | None = None,
-    soft_prompt: bool = False,
-    adapter: str | None = DECODER,
-    prefixes: Sequence[Sequence[int] | None] | None = None,
-) -> list[str]:
+def generate(model: NuggetModel, samples: Sequence[Sequence[NuggetState]], prompts: Sequence[Sequence[int]],
+             settings: GenerationSettings | None = None, **options: Unpack[DecoderOptions]) -> list[str]:
     """The generated text of each row."""
     texts = [""] * len(prompts)
-    for pieces in stream_generate(model, samples, prompts, settings, soft_prompt, adapter, prefixes):
+    for pieces in stream_generate(model, samples, prompts, settings, **options):
         texts = [t + p for t, p in zip(texts, pieces)]
     return texts
 
