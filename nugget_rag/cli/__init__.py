@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from ..cli_options import UserError
 from . import ask, harness, index, ingest, inspect, jobs, loading, prune, refloor, serve
-from .loading import load_compressor, load_embeddings, vectorstore_spec
+from .loading import load_compressor, load_embeddings, vectorstore_spec  # as before; tests replace cli.loading's
 from .options import model_options
 
 log = logging.getLogger("nugget_rag.cli")
