@@ -45,6 +45,7 @@ from .index_segments import (
     put,
     read_pointer,
     read_record,
+    redis_key,
     segment_key,
 )
 
@@ -190,11 +191,11 @@ class _Scan:
 
 def present(store: NuggetStore, keys: Sequence[str]) -> list[bool]:
     """Whether each of `keys` is in the store's ByteStore (Redis: EXISTS, without reading the values)."""
-    client, location = store.redis_client, store.location
+    client = store.redis_client
     if client is not None:
         pipe = client.pipeline(transaction=False)
         for key in keys:
-            pipe.exists(f"{location.namespace}/{key}")
+            pipe.exists(redis_key(store, key))
         return [bool(n) for n in pipe.execute()]
     return [store.byte_store.mget([key])[0] is not None for key in keys]
 

@@ -230,7 +230,7 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
     check()  # the last point a cancelled request stops at: what follows is quick, and lands whole
     writes |= verify_listed(store, name, base, [ref for ref in merged if ref.sha256 not in new], copies, cache)
     published = commit_version(store, options, None if base is None else base[0], record, writes, lock, cache,
-                               committed=committed)
+                               committed=committed, held=None if base is None else base[1])
     log.info("published version %d of the index %r in %s: %d chunks in %d segments (%d written)", version, name,
              describe(store), record.count, len(merged), len(writes))
     return published
@@ -238,13 +238,18 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
 
 def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | None, record: VersionRecord,
                    writes: dict[str, bytes], lock: _RedisLock | _FileLock, cache: SegmentCache | None = None,
-                   broken: Sequence[int] = (), committed: Committed | None = None) -> Published:
+                   broken: Sequence[int] = (), committed: Committed | None = None,
+                   held: VersionRecord | None = None) -> Published:
     """Write the segments `writes` (by sha256), then `record`, then the pointer to it (the commit), keeping the
     versions before it that `options` keeps but those `broken`, and call `committed` (so that this process's
     readers take the new version now, not load it themselves while the rest runs); then remove the versions retired
     and what only they list. A write the store refuses leaves the version before current, and the segments written
-    are removed again where the store lets."""
+    are removed again where the store lets. `base` is the pointer read under `lock`; `held`, the record this process
+    holds of its version, is not read again when it is the one `base` names (its version and sha256)."""
     name, version = options.name, record.version
+    if held is not None and (base is None or held.version != base.version
+                             or _sha256(held.model_dump_json().encode()) != base.sha256):
+        held = None  # not the record the pointer names: read it
     earlier = [] if base is None else [*base.kept, base.version]
     whole = [v for v in earlier if v not in broken]
     kept = whole[len(whole) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
@@ -270,7 +275,7 @@ def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | 
         committed(pointer_bytes, pointer, record)
     store.register_index(published_location(name))  # its chunks' states are kept by prune
     retry = [] if base is None else base.retired  # should the publish before have stopped while removing them
-    remove_versions(store, name, [*pointer.retired, *retry], listed | _listed(store, name, kept))
+    remove_versions(store, name, [*pointer.retired, *retry], listed | _listed(store, name, kept, held))
     delete(store, [pending_key(name)])
     if cache is not None:
         for sha, data in writes.items():
@@ -328,10 +333,13 @@ def remove_versions(store: NuggetStore, name: str, versions: Sequence[int], keep
         delete(store, [key])
 
 
-def _listed(store: NuggetStore, name: str, versions: Sequence[int]) -> set[str]:
-    """The segments the records of `versions` list (those still in the store)."""
+def _listed(store: NuggetStore, name: str, versions: Sequence[int], held: VersionRecord | None = None) -> set[str]:
+    """The segments the records of `versions` list (those still in the store; `held`, of its version, not read)."""
     listed: set[str] = set()
     for version in versions:
+        if held is not None and version == held.version:
+            listed |= {ref.sha256 for ref in held.segments}
+            continue
         try:
             listed |= {ref.sha256 for ref in read_record(store, name, version).segments}
         except LookupError:

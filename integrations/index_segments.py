@@ -164,6 +164,13 @@ def get(store: NuggetStore, key: str) -> bytes | None:
                                     "start the server or fix the store's URL") from err
 
 
+def redis_key(store: NuggetStore, key: str) -> str:
+    """The Redis key at which the store's RedisStore keeps `key` (its namespace, "/", the key; as its
+    _get_prefixed_key)."""
+    namespace = store.byte_store.namespace
+    return f"{namespace}/{key}" if namespace else key
+
+
 def put(store: NuggetStore, key: str, value: bytes) -> None:
     try:
         store.byte_store.mset([(key, value)])
@@ -331,5 +338,5 @@ __all__: list[str] = [
     "PREFIX", "DamagedIndexError", "Pointer", "Segment", "SegmentCache", "SegmentRef", "VersionRecord",
     "VersionRemovedError", "check_name", "damaged", "decode_segment", "delete", "describe", "encode_segment", "get",
     "intact", "pending_key", "pointer_key", "published_location", "put", "read_pointer", "read_record",
-    "read_version", "repair_command", "segment_key", "sources_of", "version_key",
+    "read_version", "redis_key", "repair_command", "segment_key", "sources_of", "version_key",
 ]

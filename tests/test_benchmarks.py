@@ -335,3 +335,27 @@ def test_vector_databases_times_each_store_against_faiss(tmp_path):
     assert all(r["chunks"] == 6 and r["ingest_s"] > 0 and r["answer_s"] > 0 for r in report["stores"])
     table = (tmp_path / "vdb.md").read_text()
     assert "| faiss | 6 |" in table and "1.00x" in table and "2 answers s" in table
+
+
+def test_publish_verify_counts_what_redis_sends_a_publish(tmp_path):
+    """benchmarks/publish_verify.py at a few passages, on a redis-server of its own."""
+    from redis_server import RedisServer  # skips, saying why, where redis-server or the client is missing
+
+    bench = load_script("publish_verify")
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        run = bench.measure(server.url, passages=12, segment_bytes=4096, publishes=2, seed=0)
+        costs = bench.segment_costs(server.url, count=1, mib=1, rounds=1)
+    finally:
+        server.stop()
+    assert run["segments"] >= 3 and run["index_bytes"] > 0
+    assert [row["segments_checked"] for row in run["publishes"]] == [run["segments"], run["segments"] + 1]
+    # each kept segment is read back
+    assert all(row["bytes_sent"] > run["index_bytes"] and row["check_s"] > 0 for row in run["publishes"])
+    assert [row["way"] for row in costs] == ["read back, sha256 here", "sha1 in Redis (EVALSHA)"]
+    assert costs[0]["bytes_sent"] > 2**20 > costs[1]["bytes_sent"]
+    meta = {"machine": "x86_64", "cpus": 2, "started": "now", "load_before": 0.1, "load_after": 0.2}
+    table = bench.markdown({"meta": meta, "run": run, "segment_costs": costs})
+    assert f"{run['chunks']:,} chunks in {run['segments']} segments" in table and "| median |" in table
+    assert "| sha1 in Redis (EVALSHA) | 1 | 1 |" in table

@@ -20,10 +20,12 @@ from test_integrations import HashEmbeddings
 from test_published_index import DOCS, handle
 
 from nugget_rag import NuggetCompressor, NuggetStore, StoreUnavailableError, cli
+from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.components.llm import NuggetLLM
 from nugget_rag.integrations import build_qa_chain, index_publishing
 from nugget_rag.integrations.index_check import check_index
 from nugget_rag.integrations.index_segments import DamagedIndexError, pointer_key, segment_key
+from nugget_rag.integrations.published_index import PublishedIndex
 from nugget_rag.serving.job_records import JobRecords
 
 TESTS = Path(__file__).parent
@@ -236,6 +238,18 @@ def test_a_segment_bigger_than_the_store_takes_is_refused_before_any_write(model
         writer.ingest([big])
     assert raw(redis_url, pointer_key("default")) == pointer
     assert set(client(redis_url).keys("*published-index*")) == before
+
+
+@pytest.mark.parametrize("namespace", ["team-a", ""])
+def test_check_finds_the_nugget_states_under_the_stores_namespace(model, redis_url, namespace):
+    store = NuggetStore.from_redis(redis_url, namespace=namespace)
+    writer = PublishedIndex(NuggetCompressor(model=model, store=store), HashEmbeddings(), chunk_tokens=96,
+                            chunk_overlap=0)
+    writer.ingest(DOCS[:3])
+    report = check_index(store)
+    assert report.ok and report.chunks == 3 and report.warnings == []
+    store.byte_store.mdelete([writer.current().documents[0].metadata[METADATA_KEY]["key"]])
+    assert check_index(store).warnings[0].startswith("1 of 3 chunks name a nugget state the store lacks")
 
 
 def test_check_of_a_name_that_is_not_published_names_those_that_are(model, redis_url, cli_on, capsys):

@@ -1,6 +1,7 @@
 """The index published in the nugget store (integrations/published_index.py): handles on one Redis store, each with
 its own local cache directory and no filesystem in common, read and write the same versions, whole."""
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -105,6 +106,24 @@ def test_a_new_version_reads_only_the_segments_it_adds(model, redis_url, tmp_pat
     assert [key for key in read if "/segments/" in key] == [segment_key("default", writer.record.segments[-1].sha256)]
     assert reader.current().ids == writer.current().ids
     assert np.array_equal(faiss_vectors(reader.current().vectorstore), faiss_vectors(writer.current().vectorstore))
+
+
+@pytest.mark.parametrize("held", ["as published", "differing"])
+def test_a_publish_reads_no_record_it_holds(model, redis_url, monkeypatch, held):
+    writer = handle(model, redis_url, None)
+    writer.ingest(DOCS[:2])
+    writer.ingest(DOCS[2:3])  # version 2, keeping version 1
+    if held == "differing":  # a copy that is not the record the pointer names (its sha256): read instead
+        record = writer.record.model_copy(update={"manifest": {**writer.record.manifest, "note": "changed"}})
+        writer._held = dataclasses.replace(writer._held, record=record)
+    byte_store, read = writer.compressor.store.byte_store, []
+    real = byte_store.mget
+    monkeypatch.setattr(byte_store, "mget", lambda keys: read.extend(keys) or real(keys))
+    assert writer.ingest(DOCS[3:4]) == 1
+    kept = [version_key("default", 2)] if held == "differing" else []  # what to keep: version 2 stays
+    assert [key for key in read if "/versions/" in key] == [*kept, version_key("default", 1)]  # 1: what to remove
+    assert keys(redis_url, "versions") == {version_key("default", 2), version_key("default", 3)}
+    assert keys(redis_url, "segments") == {segment_key("default", s.sha256) for s in writer.record.segments}
 
 
 def test_a_question_racing_publishes_reads_one_version_whole(model, redis_url, tmp_path):
