@@ -151,7 +151,7 @@ def test_refloor_cuts_the_stored_states_and_the_answers_stay(tiny_model, tmp_pat
 
 
 @pytest.mark.parametrize("question, source", [
-    ("How fast does a falcon dive?", "birds.txt"),
+    ("What do falcons hunt?", "birds.txt"),
     ("What goes into sourdough bread dough?", "bread.txt"),
     ("Which planet has the great red spot storm?", "planets.txt"),
 ])

@@ -14,7 +14,9 @@ from vector_databases import Chroma, PGVector, Qdrant, postgres_cluster
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore, cli
 from nugget_rag.integrations import EngineUnavailable, NuggetIndex, VectorStoreSpec, build_qa_chain, prune
 
-QUESTIONS = {"How fast does a falcon dive?": "birds.txt", "Which planet has the great red spot storm?": "planets.txt"}
+# the test embeddings hash words into 64 buckets: "How fast does a falcon dive?" ties a bread chunk with the falcon
+# ones (0.433 each), so top-1 questions are ones with a clear margin
+QUESTIONS = {"What do falcons hunt?": "birds.txt", "Which planet has the great red spot storm?": "planets.txt"}
 ENGINES = ["qdrant", "chroma", "pgvector"]
 
 
@@ -158,7 +160,7 @@ def test_cli_ingest_and_ask_with_vectorstore(engine, capsys, tmp_path, tiny_mode
     assert cli.main(["ingest", str(docs), "--index", str(index_dir), "--chunk-tokens", "64", "-q", *store]) == 0
     count = json.loads((index_dir / "index.json").read_text())["count"]
     capsys.readouterr()
-    assert cli.main(["ask", "How fast does a falcon dive?", "--index", str(index_dir), "-k", "1",
+    assert cli.main(["ask", "What do falcons hunt?", "--index", str(index_dir), "-k", "1",
                      "--max-new-tokens", "2", "--resolution", "uniform", *store]) == 0
     assert "birds.txt" in capsys.readouterr().out.split("Sources:")[1]
     assert cli.main(["ingest", str(docs), "--index", str(index_dir), "--chunk-tokens", "64", "-q", *store]) == 0
@@ -233,7 +235,7 @@ def test_an_index_saved_before_uuid_ids_loads_from_its_store(engine, index, tmp_
     old.add_embeddings([d.page_content for d in index.documents], HashEmbeddings().embed_documents(
         [d.page_content for d in index.documents]), metadatas=[d.metadata for d in index.documents], ids=index.ids)
     loaded = NuggetIndex.load(saved, index.compressor, vectorstore=old)
-    found = loaded.as_retriever(k=1).invoke("How fast does a falcon dive?")[0]
+    found = loaded.as_retriever(k=1).invoke("What do falcons hunt?")[0]
     assert found.id in loaded.ids and found.metadata["nuggets"]["key"] and found.metadata["source"] == "birds.txt"
     birds = chunks_of(loaded, "birds.txt")
     assert loaded.delete(birds) == len(birds) and engine.held("old") == len(loaded)

@@ -23,7 +23,7 @@ with warnings.catch_warnings():
     from langchain_community.vectorstores import FAISS
 
 IN_MEMORY = "langchain_core.vectorstores.in_memory:InMemoryVectorStore"
-QUESTIONS = {"How fast does a falcon dive?": "birds.txt", "What goes into sourdough bread dough?": "bread.txt",
+QUESTIONS = {"What do falcons hunt?": "birds.txt", "What goes into sourdough bread dough?": "bread.txt",
              "Which planet has the great red spot storm?": "planets.txt"}
 SHARED: dict[str, dict] = {}  # the vectors of `persistent_store`, kept between CLI commands as a server's would be
 
@@ -94,7 +94,7 @@ def test_delete_leaves_neither_vectors_nor_records_and_keeps_the_nuggets(index, 
     assert not set(index.store_ids_of(gone)) & set(vectors.store) and not set(gone) & set(index.ids)
     assert set(vectors.store) == set(index.store_ids_of(index.ids)) and len(index) == len(vectors.store)
     assert all(d.metadata["source"] != "birds.txt"
-               for d in index.as_retriever(k=len(index)).invoke("How fast does a falcon dive?"))
+               for d in index.as_retriever(k=len(index)).invoke("What do falcons hunt?"))
     assert all(index.compressor.store.get_by_key(k) is not None for k in keys)  # left to prune
 
     saved = index.save(tmp_path / "saved")
@@ -253,7 +253,7 @@ def test_cli_ingest_ask_and_prune_over_the_users_store(capsys, tmp_path, tiny_mo
     manifest = json.loads((index_dir / "index.json").read_text())
     assert manifest["vectorstore"] == IN_MEMORY and len(SHARED["cli"]) == manifest["count"] > 0
     capsys.readouterr()
-    assert cli.main(["ask", "How fast does a falcon dive?", "--index", str(index_dir), "-k", "1",
+    assert cli.main(["ask", "What do falcons hunt?", "--index", str(index_dir), "-k", "1",
                      "--max-new-tokens", "2", "--resolution", "uniform", *store]) == 0
     assert "birds.txt" in capsys.readouterr().out.split("Sources:")[1]
     assert cli.main(["ask", "Falcon?", "--index", str(index_dir)]) == 2
@@ -281,7 +281,7 @@ def test_an_index_saved_before_uuid_ids_still_loads_and_keeps_its_ids(index, vec
     old.add_documents(index.documents, ids=index.ids)
     loaded = NuggetIndex.load(saved, index.compressor, vectorstore=old)
     assert loaded.store_ids_of(loaded.ids) == loaded.ids
-    found = loaded.as_retriever(k=2).invoke("How fast does a falcon dive?")
+    found = loaded.as_retriever(k=2).invoke("What do falcons hunt?")
     assert found[0].metadata["source"] == "birds.txt" and found[0].metadata["nuggets"]["key"]  # read as written
     birds = chunks_of(loaded, "birds.txt")
     assert loaded.delete(birds) == len(birds) and not set(birds) & set(old.store)
@@ -295,4 +295,4 @@ def test_faiss_as_the_users_store_is_given_the_index_vectors(compressor):
     index.ingest(DOCS)
     assert store.index.ntotal == len(index)
     assert embeddings.calls == -(-len(index) // index.batch_size)  # a call a batch: the store embedded nothing
-    assert index.as_retriever(k=1).invoke("How fast does a falcon dive?")[0].metadata["source"] == "birds.txt"
+    assert index.as_retriever(k=1).invoke("What do falcons hunt?")[0].metadata["source"] == "birds.txt"

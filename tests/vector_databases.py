@@ -86,10 +86,7 @@ class Chroma(Engine):
         return self.client.get_collection(collection).count()
 
     def cli(self, collection):
-        # Chroma's default search_ef (10) made its HNSW return a bread chunk before the falcon one in 2 runs of 4;
-        # 100 searches this small collection exactly (6 runs of 6)
-        settings = {"collection_name": collection, "persist_directory": str(self.directory / "chroma"),
-                    "collection_metadata": {"hnsw:search_ef": 100}}
+        settings = {"collection_name": collection, "persist_directory": str(self.directory / "chroma")}
         return ["--vectorstore", "langchain_chroma:Chroma", "--vectorstore-kwargs", json.dumps(settings)]
 
 
