@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import socket
 import time
@@ -125,8 +126,10 @@ class RayIngestOptions(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------- the driver
-def connect(address: str | None) -> None:
-    """Join the Ray cluster at `address` (checked first, so an unreachable one is an error naming it at once)."""
+def connect(address: str | None, worker_niceness: int | None = None, **init: Any) -> None:
+    """Join the Ray cluster at `address` (checked first, so an unreachable one is an error naming it at once), or
+    start one here where there is none (no address, no RAY_ADDRESS): then `init` goes to `ray.init`, and
+    `worker_niceness` (Ray's default 15) sets its workers' priority."""
     match = RAY_ADDRESS.fullmatch(address or "")
     if match:
         host, port = match["host"].strip("[]"), int(match["port"])
@@ -139,8 +142,10 @@ def connect(address: str | None) -> None:
         if address is not None:
             log.warning("Ray is already running in this process; using it, not %s", address)
         return
+    if address is None and not os.environ.get("RAY_ADDRESS") and worker_niceness is not None:
+        init["_system_config"] = {"worker_niceness": worker_niceness}
     try:
-        ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
+        ray.init(address=address, **{"logging_level": logging.WARNING, "configure_logging": False, **init})
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise RayClusterError(f"cannot connect to the Ray cluster at {address}: {err}") from err
 

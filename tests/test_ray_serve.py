@@ -30,11 +30,12 @@ from tiny import tiny_base  # noqa: E402
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, cli  # noqa: E402
 from nugget_rag.generation import batching  # noqa: E402
 from nugget_rag.integrations.published_index import PublishedIndex  # noqa: E402
-from nugget_rag.integrations.ray_ingest import ModelMismatchError  # noqa: E402
+from nugget_rag.integrations.ray_ingest import ModelMismatchError, connect  # noqa: E402
 from nugget_rag.serving import create_app  # noqa: E402
 from nugget_rag.serving.ray_serve import (  # noqa: E402
     APP_NAME,
     REPLICA_HEADER,
+    REPLICA_NICENESS,
     RayServeOptions,
     serve_index,
 )
@@ -79,8 +80,8 @@ def served(redis_url, tmp_path_factory):
     for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
         patch.setenv(name, "300")  # read by Serve's controller, a process this local Ray starts
     patch.setattr("ray.serve._private.api.HTTP_PROXY_TIMEOUT", 600, raising=False)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    connect(None, worker_niceness=REPLICA_NICENESS, num_cpus=2, include_dashboard=False,
+            logging_level=logging.ERROR, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
     port = free_port()
     options = RayServeOptions(min_replicas=2, cpus_per_replica=0.5, port=port)
     try:
@@ -131,6 +132,17 @@ def test_a_second_replica_sees_an_index_ingested_through_the_first(served, inges
     seen = replicas_seen(served["port"])
     assert len(seen) == 2 and ingested in seen
     assert [health["chunks"] for health in seen.values()] == [2, 2]
+
+
+def test_the_replicas_run_at_the_servers_priority(served):
+    """A Ray started by the server runs the replicas at niceness 0, not Ray's 15 for workers, so that other busy
+    processes on the machine do not starve them."""
+    from ray.util.state import list_actors
+
+    replicas = [a.pid for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+                if a.class_name.endswith("NuggetReplica")]
+    assert len(replicas) == 2
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in replicas] == [REPLICA_NICENESS] * 2 == [0, 0]
 
 
 def without_cache(answer: dict) -> dict:

@@ -62,9 +62,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ray is not None:
         from ..integrations.ray_ingest import connect
+        from ..serving.ray_serve import REPLICA_NICENESS
 
         replicas = args.replicas or (1, None)
-        connect(None if args.ray == "local" else args.ray)  # an unreachable cluster fails here, before any work
+        # an unreachable cluster fails here, before any work
+        connect(None if args.ray == "local" else args.ray, worker_niceness=REPLICA_NICENESS)
     elif args.replicas or args.cpus_per_replica or args.gpus_per_replica or args.target_ongoing:
         raise UserError("--replicas, --target-ongoing, --cpus-per-replica and --gpus-per-replica are for serving on "
                         "Ray: add --ray [ADDRESS]")

@@ -16,6 +16,7 @@ Routes, API key, streaming and OpenAI compatibility are the single-process serve
 the replica that answered, named by every response's `x-nugget-replica` header. With `max_replicas`, Serve scales
 between the bounds on the requests in flight per replica (`target_ongoing_requests`); a replica being replaced
 (an update, a scale-down) takes no new request and finishes those it has, for up to `graceful_shutdown_timeout_s`.
+A Ray started here (no address) runs the replicas at the driver's priority, not Ray's lowered one for workers.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "nugget-rag"
 REPLICA_HEADER = "x-nugget-replica"
+# A Ray started here runs its workers, the replicas among them, at this niceness: they are the server. At Ray's
+# default (15) any other CPU-bound process starves them (the kill test under stress_suite.sh took 15+ min a run).
+REPLICA_NICENESS = 0
 
 
 class RayServeOptions(BaseModel):
@@ -280,7 +284,7 @@ def serve_index(index_dir: str | Path | None, compressor: NuggetCompressor, embe
     replicas answer; `serve.delete(APP_NAME)` stops them."""
     check_index_model(index_dir, compressor)
     spec = replica_spec(index_dir, compressor, embeddings, options, model or ModelLoader(), app, vectorstore)
-    connect(options.address)
+    connect(options.address, worker_niceness=REPLICA_NICENESS)
     if spec.store.directory is not None and len(ray.nodes()) > 1:
         log.warning("the nuggets are in the directory %s: every node must see it (a shared filesystem), else use a "
                     "Redis store", spec.store.directory)
