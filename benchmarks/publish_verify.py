@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from reporting import run_meta, write_report  # noqa: E402
 from serve_throughput import redis_server  # noqa: E402
 from store_scale import WordHashEmbeddings, synthetic_corpus, tiny_model  # noqa: E402
 
@@ -156,20 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.passages, args.publishes) < 1:
         parser.error("--passages and --publishes must be >= 1")
     torch.set_num_threads(1)
-    meta = {"command": " ".join(sys.argv), "cpus": os.cpu_count(),
-            "machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
-            "started": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
-            "load_before": round(os.getloadavg()[0], 2)}
+    meta = run_meta()
     with tempfile.TemporaryDirectory() as work, redis_server(work) as url:
         run = measure(url, args.passages, args.segment_bytes, args.publishes, args.seed)
         costs = segment_costs(url, args.segment_values, 32) if args.segment_values else []
-    meta["load_after"] = round(os.getloadavg()[0], 2)
     report = {"meta": meta, "run": run, "segment_costs": costs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    table = markdown(report)
-    args.out.with_suffix(".md").write_text(table)
-    print(table)
+    write_report(args.out, report, markdown(report))
     return 0
 
 

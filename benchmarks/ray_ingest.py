@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +26,10 @@ from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.corpora import read_squad
 from nugget_rag.integrations import NuggetIndex, minilm_embeddings
 from nugget_rag.integrations.ray_ingest import ModelLoader, RayIngestOptions, ingest_distributed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import run_meta, write_report  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad-dev-v1.1.json"
 
@@ -82,19 +86,13 @@ def main() -> None:
     docs = paragraphs(args.documents)
     compressor = NuggetCompressor.from_pretrained(device="cpu")
     embeddings = minilm_embeddings(device="cpu")
-    meta = {"documents": len(docs), "model": f"{compressor.model.base_name} ({compressor.model.dtype})",
-            "cpus": os.cpu_count(), "load_before": round(os.getloadavg()[0], 2)}
+    meta = run_meta(documents=len(docs), model=f"{compressor.model.base_name} ({compressor.model.dtype})")
     ray.init(num_cpus=max(args.workers), include_dashboard=False, log_to_driver=False)
     rows = []
     for workers in args.workers:
         rows.append(run(docs, workers, compressor, embeddings, args.chunks_per_batch))
         print(json.dumps(rows[-1]), flush=True)
-    meta["load_after"] = round(os.getloadavg()[0], 2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": rows}, indent=1) + "\n")
-    table = markdown(rows, meta)
-    args.out.with_suffix(".md").write_text(table)
-    print(table)
+    write_report(args.out, {"meta": meta, "runs": rows}, markdown(rows, meta))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
 import sys
@@ -42,7 +41,6 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +57,7 @@ from nugget_rag.model.base_model import convert_default_model, prepare_base_mode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from reporting import run_meta, write_report  # noqa: E402
 from serve_throughput import free_port, measure_requests, redis_server, start_server  # noqa: E402
 
 REDIS_NAMESPACE = "nugget-rag"
@@ -391,13 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     docs, questions = synthetic_corpus(args.passages, args.seed)
     embeddings = load_embeddings(args.embeddings)
-    meta = {"passages": len(docs), "model": "tiny random LLaMA (4 layers, width 32) on SmolLM2's tokenizer, r = 10, "
-            "keep_ratio 4, bfloat16 states", "embeddings": embedding_name(embeddings), "batch_size": args.batch_size,
-            "cpus": os.cpu_count(), "machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
-            "torch_threads": torch.get_num_threads(), "requests": args.requests, "clients": args.clients,
-            "max_new_tokens": args.max_new_tokens, "command": " ".join(sys.argv),
-            "started": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
-            "load_before": round(os.getloadavg()[0], 2)}
+    meta = run_meta(passages=len(docs), model="tiny random LLaMA (4 layers, width 32) on SmolLM2's tokenizer, r = 10, "
+                    "keep_ratio 4, bfloat16 states", embeddings=embedding_name(embeddings), batch_size=args.batch_size,
+                    torch_threads=torch.get_num_threads(), requests=args.requests, clients=args.clients,
+                    max_new_tokens=args.max_new_tokens)
     with tempfile.TemporaryDirectory() as work, redis_server(work) as redis_url:
         model = tiny_model()
         stores = {"directory": directory_row(docs, NuggetCompressor(model=model), embeddings,
@@ -410,12 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             sample = random.Random(args.seed).sample(range(len(questions)), min(64, len(questions)))
             report["queries"] = query_rows(Path(work) / "redis-index", redis_url, args.embeddings,
                                            [questions[i] for i in sample], args)
-    meta["load_after"] = round(os.getloadavg()[0], 2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    table = markdown(report)
-    args.out.with_suffix(".md").write_text(table)
-    print(table)
+    write_report(args.out, report, markdown(report))
     return 0
 
 

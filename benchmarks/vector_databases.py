@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +37,7 @@ from nugget_rag.integrations import NuggetIndex, build_qa_chain, embedding_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from reporting import run_meta, write_report  # noqa: E402
 from store_scale import PhaseTimer, load_embeddings, synthetic_corpus, tiny_model  # noqa: E402
 
 STORES = ("faiss", "qdrant", "chroma", "pgvector")
@@ -147,12 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     docs, questions = synthetic_corpus(args.passages)
     embeddings = load_embeddings(args.embeddings)
-    meta = {"passages": len(docs), "questions": args.questions, "model": "tiny random LLaMA (4 layers, width 32) on "
-            "SmolLM2's tokenizer, r = 10", "embeddings": embedding_name(embeddings), "batch_size": args.batch_size,
-            "max_new_tokens": args.max_new_tokens, "cpus": os.cpu_count(),
-            "machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
-            "torch_threads": torch.get_num_threads(), "command": " ".join(sys.argv),
-            "started": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"), "load_before": round(os.getloadavg()[0], 2)}
+    meta = run_meta(passages=len(docs), questions=args.questions, model="tiny random LLaMA (4 layers, width 32) on "
+                    "SmolLM2's tokenizer, r = 10", embeddings=embedding_name(embeddings), batch_size=args.batch_size,
+                    max_new_tokens=args.max_new_tokens, torch_threads=torch.get_num_threads())
     model, rows = tiny_model(), []
     with tempfile.TemporaryDirectory() as work:
         postgres, server = postgres_server(Path(work)) if "pgvector" in args.stores else (None, None)
@@ -165,13 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if server is not None:
                 server.cleanup()
-    meta["load_after"] = round(os.getloadavg()[0], 2)
     report = {"meta": meta, "stores": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    table = markdown(report)
-    args.out.with_suffix(".md").write_text(table)
-    print(table)
+    write_report(args.out, report, markdown(report))
     return 0
 
 

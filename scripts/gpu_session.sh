@@ -49,6 +49,14 @@ fi
 mkdir -p "$out"
 log() { echo "[gpu_session $(date +%T)] $*" | tee -a "$out/train.log"; }
 
+tasks=${EVAL_TASKS-squad autoencoding}
+if [ "$tasks" = none ]; then tasks=; fi
+eval_s=${EVAL_SECONDS:-$([ -n "$tasks" ] && echo 150 || echo 30)}
+if [ $(( limit - eval_s )) -lt 30 ]; then  # refused before the setup's minutes
+  log "only $(( limit - eval_s )) s left for training after the dev scoring's ${eval_s} s: give more SECONDS"
+  exit 2
+fi
+
 LOG_FILE="$out/train.log"
 source scripts/gpu_bundle.sh
 source scripts/gpu_python.sh
@@ -64,9 +72,6 @@ if [ -n "${DRY_RUN:-}" ]; then
   eval_flags=(--base-model "$dry/base" --data-dir "$dry/data")
   log "dry run: ${CONFIG:-configs/recipe-r10.yaml} on a tiny model and tiny data, one step ($dry)"
 fi
-tasks=${EVAL_TASKS-squad autoencoding}
-if [ "$tasks" = none ]; then tasks=; fi
-eval_s=${EVAL_SECONDS:-$([ -n "$tasks" ] && echo 150 || echo 30)}
 train_s=$(( limit - eval_s - ($(date +%s) - begin) ))
 if [ "$train_s" -lt 30 ]; then
   log "only ${train_s} s left for training after setup and the dev scoring's ${eval_s} s: give more SECONDS"

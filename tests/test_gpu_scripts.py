@@ -9,6 +9,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
 from test_benchmarks import SCRIPTS, load_script
 
 ROOT = Path(__file__).parent.parent
@@ -109,39 +110,40 @@ def test_a_chain_call_skips_dev_scoring_and_logs_its_setup(tmp_path):
     assert trained["step"] == 8 and trained["loss_graphs"] == trained["buckets"] <= 2
 
 
-def test_ready_sets_carried_as_one_archive_are_trained_from(tmp_path):
-    """READY=<.tar.xz of `--write-ready`'s folder>: the call unpacks it to /tmp/ready and the run loads every source's
-    train examples from it."""
+@pytest.fixture(scope="module")
+def ready_sets(tmp_path_factory) -> tuple[Path, Path]:
+    """The dry run's pretraining stage and its ready sets (`nugget-rag train --write-ready`)."""
     from dry_run import write
 
-    stage = write(tmp_path / "dry", ROOT / "configs" / "pretrain.yaml")
+    folder = tmp_path_factory.mktemp("ready")
+    stage = write(folder / "dry", ROOT / "configs" / "pretrain.yaml")
     made = subprocess.run([sys.executable, "-m", "nugget_rag.train", "--config", str(stage), "--output-dir",
-                           str(tmp_path / "run"), "--write-ready", str(tmp_path / "ready")], cwd=ROOT,
+                           str(folder / "run"), "--write-ready", str(folder / "ready")], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert made.returncode == 0, made.stderr[-2000:]
+    return stage, folder / "ready"
+
+
+def test_ready_sets_carried_as_one_archive_are_trained_from(ready_sets, tmp_path):
+    """READY=<.tar.xz of `--write-ready`'s folder>: the call unpacks it to /tmp/ready and the run loads every source's
+    train examples from it."""
     with tarfile.open(tmp_path / "ready.tar.xz", "w:xz") as archive:
-        archive.add(tmp_path / "ready", "ready")
+        archive.add(ready_sets[1], "ready")
     done = run_script("gpu_session.sh", tmp_path / "out", "300", DRY_RUN="1", CONFIG="configs/pretrain.yaml",
-                      EVAL_TASKS="autoencoding", EVAL_RATIOS="10", EVAL_LIMIT="2", READY=str(tmp_path / "ready.tar.xz"))
+                      EVAL_TASKS="none", READY=str(tmp_path / "ready.tar.xz"))
     log = (tmp_path / "out" / "train.log").read_text()
     assert done.returncode == 0, done.stderr[-2000:] + log[-3000:]
     assert "ready sets from /tmp/ready/ready: autoencoding:python-3.11-docs train, autoencoding:python-3.11-docs#1 " \
            "train, continuation:python-3.11-docs train, continuation:python-3.11-docs#3 train" in log, log[-3000:]
 
 
-def test_the_training_benchmark_reads_ready_sets_without_tokenising(tmp_path):
+def test_the_training_benchmark_reads_ready_sets_without_tokenising(ready_sets):
     """`training_throughput.py --ready-dir` (the GPU benchmark's READY): the recipe's own sources, loaded ready, no
     tokenizer pass over them; its table is written after the arm."""
-    from dry_run import write
-
-    stage = write(tmp_path / "dry", ROOT / "configs" / "pretrain.yaml")
-    made = subprocess.run([sys.executable, "-m", "nugget_rag.train", "--config", str(stage), "--output-dir",
-                           str(tmp_path / "run"), "--write-ready", str(tmp_path / "ready")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stderr[-2000:]
+    stage, ready = ready_sets
     name = f"test-ready-{os.getpid()}"
     done = subprocess.run([sys.executable, "benchmarks/training_throughput.py", "--config", str(stage), "--ready-dir",
-                           str(tmp_path / "ready"), "--batch-size", "2", "--steps", "2", "--group", "16",
+                           str(ready), "--batch-size", "2", "--steps", "2", "--group", "16",
                            "--padding-batches", "1", "--name", name], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     results = [ROOT / "benchmarks" / "results" / f"{name}.{ext}" for ext in ("md", "json")]
