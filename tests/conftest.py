@@ -87,6 +87,25 @@ def compressor(tiny_model, tmp_path):
     return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=tmp_path / "store"))
 
 
+@pytest.fixture
+def tiny_cli(tiny_model, tmp_path, monkeypatch):
+    """The CLI loading `tiny_model` and HashEmbeddings; returns a folder holding test_integrations.DOCS as files."""
+    from test_integrations import DOCS, HashEmbeddings
+
+    from nugget_rag import NuggetCompressor, NuggetStore, cli
+
+    def load_compressor(args, store_dir=None):
+        return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=store_dir), ratio=args.ratio)
+
+    monkeypatch.setattr(cli.loading, "load_compressor", load_compressor)
+    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for doc in DOCS:
+        (docs / doc.metadata["source"]).write_text(doc.page_content)
+    return docs
+
+
 def pytest_terminal_summary(terminalreporter):
     """Each vector-database case by name and outcome (store and test), as LangChain's standard suites list them,
     also under `pytest -q`."""

@@ -145,16 +145,8 @@ def test_metadata_a_store_cannot_keep_is_refused_before_anything_is_written(engi
     assert len(index) == 0
 
 
-def test_cli_ingest_and_ask_with_vectorstore(engine, capsys, tmp_path, tiny_model, monkeypatch):
-    def load_compressor(args, store_dir=None):
-        return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=store_dir), ratio=args.ratio)
-
-    monkeypatch.setattr(cli.loading, "load_compressor", load_compressor)
-    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for doc in DOCS:
-        (docs / doc.metadata["source"]).write_text(doc.page_content)
+def test_cli_ingest_and_ask_with_vectorstore(engine, capsys, tmp_path, tiny_cli):
+    docs = tiny_cli
     store = engine.cli("cli")
     index_dir = tmp_path / "index"
     assert cli.main(["ingest", str(docs), "--index", str(index_dir), "--chunk-tokens", "64", "-q", *store]) == 0

@@ -237,16 +237,8 @@ def test_spec_builds_a_store_with_the_embeddings_and_names_bad_targets():
         VectorStoreSpec(target="test_integrations:HashEmbeddings").build(embeddings)
 
 
-def test_cli_ingest_ask_and_prune_over_the_users_store(capsys, tmp_path, tiny_model, monkeypatch):
-    def load_compressor(args, store_dir=None):
-        return NuggetCompressor(model=tiny_model, store=NuggetStore(directory=store_dir), ratio=args.ratio)
-
-    monkeypatch.setattr(cli.loading, "load_compressor", load_compressor)
-    monkeypatch.setattr(cli.loading, "load_embeddings", lambda args: HashEmbeddings())
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for doc in DOCS:
-        (docs / doc.metadata["source"]).write_text(doc.page_content)
+def test_cli_ingest_ask_and_prune_over_the_users_store(capsys, tmp_path, tiny_model, tiny_cli):
+    docs = tiny_cli
     index_dir = tmp_path / "index"
     store = ["--vectorstore", "test_vectorstore:persistent_store", "--vectorstore-kwargs", '{"name": "cli"}']
     assert cli.main(["ingest", str(docs), "--index", str(index_dir), "--chunk-tokens", "64", "-q", *store]) == 0
