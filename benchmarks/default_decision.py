@@ -30,11 +30,12 @@ NOISE = 2.0  # standard errors
 class Measure(NamedTuple):
     task: str
     system: str
-    ratio: float
+    ratio: float | None  # None: a reading plan, which reads each passage at a ratio of its own (or as text)
     source: str
 
     def __str__(self) -> str:
-        return f"{self.task} r = {self.ratio:g} ({self.system}, {self.source})"
+        ratio = "as planned" if self.ratio is None else f"r = {self.ratio:g}"
+        return f"{self.task} {ratio} ({self.system}, {self.source})"
 
 
 def item_score(record: dict) -> float:
@@ -68,10 +69,8 @@ def read_folder(folder: Path) -> dict[Measure, dict[str, dict]]:
             record = json.loads(line)
             if record["task"] not in tasks:
                 raise SystemExit(f"{path}: no {summary.name} beside it records the split of task {record['task']!r}")
-            if record.get("ratio") is None:  # an uncompressed reference system: not a measure of the checkpoint
-                continue
-            measure = Measure(record["task"], record["system"], float(record["ratio"]),
-                              Path(tasks[record["task"]]["source"]).name)
+            ratio = None if record.get("ratio") is None else float(record["ratio"])
+            measure = Measure(record["task"], record["system"], ratio, Path(tasks[record["task"]]["source"]).name)
             measures.setdefault(measure, {})[str(record["id"])] = record
     return measures
 
@@ -79,7 +78,7 @@ def read_folder(folder: Path) -> dict[Measure, dict[str, dict]]:
 def decide(baseline: dict[Measure, dict[str, dict]], candidate: dict[Measure, dict[str, dict]]) -> dict:
     """Each shared measure's scores and paired difference, its verdict, and the decision."""
     rows = []
-    for measure in sorted(set(baseline) & set(candidate), key=lambda m: (m.task, m.source, -m.ratio)):
+    for measure in sorted(set(baseline) & set(candidate), key=lambda m: (m.task, m.source, -(m.ratio or 0))):
         ids = sorted(set(baseline[measure]) & set(candidate[measure]))
         before = [baseline[measure][i] for i in ids]
         after = [candidate[measure][i] for i in ids]

@@ -253,12 +253,13 @@ def test_store_scale_ingest_reports_consistent_counts_bytes_and_rates(make_model
     assert "ratios to Ray, 1 replica" in table
 
 
-def _harness_run(folder: Path, name: str, task: str, split: str, rows: list[tuple[str, float, str]]) -> None:
+def _harness_run(folder: Path, name: str, task: str, split: str, rows: list[tuple[str, float | None, str]],
+                 system: str = "nugget") -> None:
     """A harness run's two files: NAME.json (the task's split and source) and NAME-predictions.jsonl."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps({"tasks": {task: {"split": split, "source": "data/squad.json"}}}))
     (folder / f"{name}-predictions.jsonl").write_text("".join(
-        json.dumps({"task": task, "system": "nugget", "ratio": ratio, "id": qid, "output": output,
+        json.dumps({"task": task, "system": system, "ratio": ratio, "id": qid, "output": output,
                     "references": ["Paris"]}) + "\n" for qid, ratio, output in rows))
 
 
@@ -280,6 +281,24 @@ def test_default_decision_ships_a_win_at_r10_that_loses_nothing_and_refuses_test
     _harness_run(tmp_path / "test", "squad-s0", "squad", "test", [("q0", 10, "Paris")])
     with pytest.raises(SystemExit, match="split 'test'.*dev parts only"):
         decision.read_folder(tmp_path / "test")
+
+
+def test_default_decision_counts_the_reading_plans_run_which_has_no_single_ratio(tmp_path):
+    """squad_rag under default_reading records ratio None (each passage is read as text or at its own ratio): it is
+    a measure, and a loss there stops the candidate."""
+    decision = load_script("default_decision")
+    questions = [f"q{i}" for i in range(40)]
+    for folder, right_at_10, right_planned in (("base", 10, 30), ("cand", 30, 10)):
+        _harness_run(tmp_path / folder, "squad-s0", "squad", "dev",
+                     [(q, 10, "Paris" if i < right_at_10 else "Rome") for i, q in enumerate(questions)])
+        _harness_run(tmp_path / folder, "squad_rag", "squad_rag", "dev",
+                     [(q, None, "Paris" if i < right_planned else "Rome") for i, q in enumerate(questions)],
+                     system="default_reading")
+    result = decision.decide(decision.read_folder(tmp_path / "base"), decision.read_folder(tmp_path / "cand"))
+    verdicts = {row["measure"]: row["verdict"] for row in result["rows"]}
+    assert verdicts == {"squad r = 10 (nugget, squad.json)": "wins",
+                        "squad_rag as planned (default_reading, squad.json)": "loses"}
+    assert not result["ships"]
 
 
 def test_ship_default_refuses_float32_another_layout_and_a_decision_that_does_not_ship(tmp_path):
