@@ -171,6 +171,19 @@ def test_resume_ignores_init_from_which_only_shapes_a_start(data, tmp_path):
     assert resumed.step == 3 and [x["step"] for x in resumed.losses] == [3]
 
 
+def test_resume_may_turn_gradient_checkpointing_on_with_the_same_updates(data, tmp_path):
+    sources = [source("autoencoding", data), source("qa", data)]
+    optim = {"warmup_steps": 0, "lr": 1e-3, "schedule": "constant"}  # the same rates in runs of 2 and 4 steps
+    straight = train(config(tmp_path / "a", sources, max_steps=4, optim=optim), tiny_model())
+    train(config(tmp_path / "b", sources, max_steps=2, optim=optim), tiny_model())
+    resumed = train(config(tmp_path / "b", sources, max_steps=4, optim=optim, gradient_checkpointing=True),
+                    tiny_model())
+    assert [x["step"] for x in resumed.losses] == [3, 4]
+    for a, b in zip(straight.losses[2:], resumed.losses):
+        for key in (k for k in a if k.startswith("loss/")):
+            assert b[key] == a[key], key
+
+
 def test_init_from_default_needs_the_default_base_model(data, tmp_path):
     with pytest.raises(ValueError, match="pass a checkpoint directory"):
         Trainer(config(tmp_path, [source("autoencoding", data)], init_from="default"), tiny_model())

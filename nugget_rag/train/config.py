@@ -227,10 +227,12 @@ class TrainConfig(BaseModel):
 
     def resume_key(self) -> dict:
         """The settings a resumed run must share with the run that wrote the checkpoint (init_from only shapes a
-        run's start: a resumed one reads its own checkpoint)."""
+        run's start: a resumed one reads its own checkpoint). How a step is computed (compile, attention, gradient
+        checkpointing) may change: the updates stay the same."""
         return self.model_dump(
             mode="json",
             exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
                      "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
-                     "compile", "compile_backend", "compile_mode", "attention", "packing", "ready_dir"},
+                     "compile", "compile_backend", "compile_mode", "attention", "packing", "ready_dir",
+                     "gradient_checkpointing"},
         )
