@@ -11,6 +11,9 @@ answers, which the trainer's dev accuracy scores against) that trains as `--data
 on distilled answers"). The trainer holds out every 20th line as dev; questions on one passage can fall on both
 sides, so that dev loss only monitors training (score on SQuAD's dev articles). Questions not kept go to
 `<out>.rejected.jsonl` with the reason. Re-running with the same settings asks only the questions not yet asked.
+`--skip N` leaves out the draw's first N questions, so that a run growing a file from `--n N` to `--n M` can be done
+by two processes side by side: `--n N` and `--n M --skip N`, their files (and `.rejected.jsonl`) concatenated, are
+the file of `--n N` followed by a re-run with `--n M` (the answers are written batched by length within each run).
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--squad", required=True, help="SQuAD v1.1 JSON (its splits.json decides the split)")
     p.add_argument("--split", default="train", choices=["train", "dev"])
     p.add_argument("--n", type=int, default=None, help="questions to answer, drawn at random (default: all)")
+    p.add_argument("--skip", type=int, default=0, help="leave out the draw's first SKIP questions (another "
+                   "process answers them)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--base-model", default=None, help="base model directory (default: SmolLM2-135M-Instruct)")
@@ -84,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     records = corpora.read_squad(args.squad, args.split)
     random.Random(args.seed).shuffle(records)
-    records = records[: args.n]
+    if not 0 <= args.skip < (args.n or len(records)):
+        p.error(f"--skip {args.skip} leaves no question of the {args.n or len(records)} drawn; use 0 <= SKIP < N")
+    records = records[args.skip : args.n]
     asked = _ids(args.out) | _ids(_rejected(args.out))
     todo = [r for r in records if r["id"] not in asked]
     model = NuggetModel.from_pretrained(None, base_model=args.base_model).eval()

@@ -109,6 +109,17 @@ def test_teacher_answers_keep_correct_ones_cut_at_a_sentence(monkeypatch, make_m
     kept = [json.loads(line) for line in out.read_text().splitlines()]  # the half-written line is gone
     assert sorted(r["id"] for r in kept) == ["1", "3"]
 
+    # --skip: `--n 2` and `--n 4 --skip 2` side by side write what `--n 2`, then a re-run with `--n 4`, writes
+    asked.clear()
+    grown, head, tail = (tmp_path / f"{name}.jsonl" for name in ("grown", "head", "tail"))
+    for n, out in (("2", grown), ("4", grown), ("2", head)):
+        teacher.main(["--squad", str(squad), "--split", "train", "--n", n, "--out", str(out)])
+    teacher.main(["--squad", str(squad), "--split", "train", "--n", "4", "--skip", "2", "--out", str(tail)])
+    assert asked[4:] == asked[:4]  # the two parts ask the draw's questions once each, in the same order
+    assert grown.read_text() == head.read_text() + tail.read_text()
+    with pytest.raises(SystemExit):  # a skip past the draw asks nothing
+        teacher.main(["--squad", str(squad), "--split", "train", "--n", "2", "--skip", "2", "--out", str(tail)])
+
 
 def test_offline_bundle_parts_join_back_byte_for_byte(tmp_path):
     bundle = load_script("offline_bundle", SCRIPTS)
