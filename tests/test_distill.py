@@ -8,6 +8,7 @@ from test_train import LENGTHS, config, source, tiny_model
 from tiny import tiny_base, tiny_tokenizer
 
 from nugget_rag.config import DECODER, ENCODER
+from nugget_rag.model import NuggetModel
 from nugget_rag.model.base_model import prepare_base_model
 from nugget_rag.model.checkpoint_files import read_checkpoint_meta
 from nugget_rag.train.config import Distillation
@@ -16,7 +17,7 @@ from nugget_rag.train.distill import Teacher, kl_loss
 from nugget_rag.train.metrics import METRICS_FILE
 from nugget_rag.train.sources import Lengths, Source
 from nugget_rag.train.trainer import Trainer, train
-from nugget_rag.train.warm_start import importance_targets, scorer_loss
+from nugget_rag.train.warm_start import answer_targets, batch_targets, importance_targets, scorer_loss
 
 QA_ONE = {"objective": "qa", "path": "squad.json", "dev_split": None}
 
@@ -179,6 +180,50 @@ def test_scorer_warm_start_moves_the_scorer_towards_its_signal(data, tmp_path, s
     assert all(torch.equal(a, b) for a, b in zip(encoder, model.adapter_parameters(ENCODER)))  # Scorer only
     line = json.loads((tmp_path / "run" / METRICS_FILE).read_text().splitlines()[-1])
     assert line["kind"] == "warm_start" and line["signal"] == signal and line["kl_last"] < line["kl_first"]
+
+
+def test_answer_targets_fall_on_the_short_answers_tokens():
+    model = tiny_model()
+    text = "The river Rhine flows north. It meets the sea."  # one token a character
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    target = answer_targets(model, ids, ["Rhine", " Rhine ", "It meets the sea"], answer_tokens=8)
+    start = text.index("Rhine")
+    assert abs(float(target.sum()) - 1) < 1e-6 and len(target) == len(ids) - 1
+    assert target.nonzero().flatten().tolist() == list(range(start, start + 5))  # the long reference is no span
+    assert answer_targets(model, ids, ["Danube"], answer_tokens=8) is None
+
+
+def test_answers_warm_start_fits_the_scorer_to_the_answers(data, tmp_path):
+    model = tiny_model()
+    cfg = config(tmp_path, [qa_source(data), source("autoencoding", data)], max_steps=1,
+                 scorer_warm_start={"steps": 30, "lr": 1e-2, "signal": "answers"})
+    trainer = Trainer(cfg, model)
+    documents, targets = batch_targets(model, first_batch(trainer), cfg.scorer_warm_start)
+    assert documents and len(documents) == len(targets)
+    before = float(scorer_loss(model, documents, targets).detach())
+    trainer._warm_start()
+    assert float(scorer_loss(model, documents, targets).detach()) < before
+    line = json.loads((tmp_path / "run" / METRICS_FILE).read_text().splitlines()[-1])
+    assert line["kind"] == "warm_start" and line["signal"] == "answers"
+
+
+def test_answers_warm_start_without_a_qa_source_is_refused(data, tmp_path):
+    with pytest.raises(ValueError, match="the run has none: add a qa source"):
+        config(tmp_path, [source("autoencoding", data)], max_steps=1,
+               scorer_warm_start={"steps": 3, "signal": "answers"})
+
+
+def test_a_chains_later_call_keeps_its_scorer(data, tmp_path):
+    """The warm start runs where a chain begins; a call that continues it (chain: true) reads the Scorer it was
+    handed, not a second fit."""
+    warm, optim = {"steps": 5, "lr": 1e-2, "signal": "answers"}, {"warmup_steps": 0, "lr": 1e-3, "scorer_lr": 0}
+    first = train(config(tmp_path / "a", [qa_source(data)], max_steps=1, scorer_warm_start=warm, optim=optim),
+                  tiny_model())
+    model = tiny_model()
+    train(config(tmp_path / "b", [qa_source(data)], max_steps=2, scorer_warm_start=warm, optim=optim,
+                 init_from=str(first.final_dir), chain=True), model)
+    exported = NuggetModel.from_pretrained(first.final_dir, base_model=tiny_base())
+    assert all(torch.equal(a, b) for a, b in zip(exported.scorer.parameters(), model.scorer.parameters()))
 
 
 def test_zero_steps_exports_the_warm_started_scorer(data, tmp_path):

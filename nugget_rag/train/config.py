@@ -92,19 +92,22 @@ class RatioCurriculum(BaseModel):
         return self
 
 
-WarmStartSignal = Literal["observed_attention", "kvzip"]
+WarmStartSignal = Literal["observed_attention", "kvzip", "answers"]
 
 
 class ScorerWarmStart(BaseModel):
-    """Before training, regress the Scorer onto a training-free importance signal of the frozen model: the attention
-    its later tokens pay each position of a document (observed attention, H2O), or the most attention a position
-    gets while the model repeats the document (KVzip)."""
+    """Before training, fit the Scorer to where a document's information lies: a training-free importance signal of
+    the frozen model (the attention its later tokens pay each position, H2O's observed attention; or the most
+    attention a position gets while the model repeats the document, KVzip), or the tokens of the short answers the
+    QA sources' questions have in it (`answers`: question-agnostic salience, the facts a question asks for)."""
 
     model_config = ConfigDict(extra="forbid")
 
     steps: int = Field(0, ge=0, description="Scorer-only steps before step 0 (0: no warm start).")
     lr: float = Field(1e-3, gt=0, description="Learning rate of the warm start.")
     signal: WarmStartSignal = Field("observed_attention", description="The importance signal the Scorer fits.")
+    answer_tokens: int = Field(16, ge=1, description="signal 'answers': a reference of more tokens than this is not "
+                               "a span to keep (a teacher's sentence-long answer), only shorter ones are.")
 
 
 class TrainConfig(BaseModel):
@@ -181,6 +184,15 @@ class TrainConfig(BaseModel):
             raise ValueError("compile: step with gradient_checkpointing: a checkpointed layer's replay switches the "
                              "adapters, which a compiled graph cannot; turn gradient_checkpointing off (the "
                              "pretraining step fits without it) or use compile: layers")
+        return self
+
+    @model_validator(mode="after")
+    def _answers_from_qa(self) -> TrainConfig:
+        warm = self.scorer_warm_start
+        if warm.steps and warm.signal == "answers" and not any(s.objective == "qa" and not s.full_context
+                                                                for s in self.data):
+            raise ValueError("scorer_warm_start.signal='answers' fits the Scorer to the answers of QA sources, and "
+                             "the run has none: add a qa source (its documents and short answers), or set steps: 0")
         return self
 
     attention: Literal["auto", "fused", "reference"] = Field(

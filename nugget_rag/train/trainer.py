@@ -134,7 +134,7 @@ class Trainer:
         if acc.is_main_process:
             (self.out / CONFIG_FILE).write_text(json.dumps(cfg.resume_key(), indent=1))
         start, losses, window = time.monotonic(), [], Window(peak_flops(acc.device, cfg.peak_tflops), cfg.packing)
-        if self.step == 0:
+        if self.step == 0 and not self.offset:  # where a chain begins; a chain's later call keeps its Scorer
             self._warm_start()
         bar = tqdm(total=self.updates, initial=self.step, desc="training", disable=not acc.is_local_main_process)
         if self.step == 0 and cfg.eval_every:
@@ -238,15 +238,16 @@ class Trainer:
     def _warm_start(self) -> None:
         """The Scorer warm start, on documents of every source that has some, in an order of its own."""
         cfg = self.config
-        kept = [i for i, s in enumerate(cfg.data) if not s.full_context]
-        if not cfg.scorer_warm_start.steps or not kept:
+        warm = cfg.scorer_warm_start
+        kept = [i for i, s in enumerate(cfg.data)
+                if not s.full_context and (warm.signal != "answers" or s.objective == "qa")]
+        if not warm.steps or not kept:
             return
         streams = [ExampleStream(self.examples[i], seed=cfg.seed * 1000 + i + 500) for i in kept]
         batches = Mixture(streams, [cfg.data[i].weight for i in kept], cfg.seed + 1, cfg.batch_size,
                           self.model.tokenizer.pad_token_id)
         self.model.train()
-        warm = cfg.scorer_warm_start
-        losses = warm_start_scorer(self.model, batches, warm.steps, warm.lr, warm.signal)
+        losses = warm_start_scorer(self.model, batches, warm)
         if losses:
             self.metrics.write({"kind": "warm_start", "step": 0, "steps": len(losses), "signal": warm.signal,
                                 "kl_first": float(f"{losses[0]:.4g}"), "kl_last": float(f"{losses[-1]:.4g}")})

@@ -1,11 +1,12 @@
-"""Scorer warm start: before end-to-end training, teach the Scorer a training-free importance signal.
+"""Scorer warm start: before end-to-end training, teach the Scorer where a document's information lies.
 
 The signal is one of the importances the harness's key/value baselines keep positions by (model/importance.py):
 observed attention (H2O; kvpress's ObservedAttentionPress), the attention that the frozen model's later tokens pay
 each position of a document read alone; or KVzip's reconstruction attention, the most attention a position gets
-while the frozen model repeats the document. The Scorer's scores over a document's positions, as a softmax, are
-fitted to the signal, normalised, by a KL (a listwise ranking loss: top-k selection reads only the order of the
-scores).
+while the frozen model repeats the document. Or, from QA sources, `answers`: the tokens of the short answers
+(SQuAD's spans) found in the document, uniformly, so that the Scorer learns which tokens questions ask for without
+seeing the question. The Scorer's scores over a document's positions, as a softmax, are fitted to the signal,
+normalised, by a KL (a listwise ranking loss: top-k selection reads only the order of the scores).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from tqdm.auto import tqdm
 from ..model.frozen_pass import frozen_pass
 from ..model.importance import observed_scores, reconstruction_passes
 from ..model.nugget_model import NuggetModel
-from .batches import Mixture
-from .config import WarmStartSignal
+from .batches import Batch, Mixture
+from .config import ScorerWarmStart, WarmStartSignal
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,40 @@ def importance_targets(model: NuggetModel, documents: list[list[int]],
     return targets
 
 
+def answer_targets(model: NuggetModel, document: list[int], references: list[str],
+                   answer_tokens: int) -> torch.Tensor | None:
+    """Uniform mass on the document's tokens (but the last) that overlap an occurrence of a reference of at most
+    `answer_tokens` tokens; None where none occurs, or where the document's text does not tokenise back to it."""
+    tok = model.tokenizer
+    text = tok.decode(document)
+    encoded = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    if encoded["input_ids"] != list(document):
+        return None
+    mass = torch.zeros(len(document) - 1)
+    for answer in {str(r).strip() for r in references}:
+        if not answer or len(tok(answer, add_special_tokens=False)["input_ids"]) > answer_tokens:
+            continue
+        start = text.find(answer)
+        while start >= 0:
+            end = start + len(answer)
+            for i, (a, b) in enumerate(encoded["offset_mapping"][: len(document) - 1]):
+                if b > start and a < end:
+                    mass[i] = 1.0
+            start = text.find(answer, end)
+    return mass / mass.sum() if mass.sum() > 0 else None
+
+
+def batch_targets(model: NuggetModel, batch: Batch, warm: ScorerWarmStart) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """A micro-batch's documents (more than one token) and the warm start's target over each one's positions."""
+    if warm.signal != "answers":
+        documents = [d for docs in batch.documents for d in docs if len(d) > 1]
+        return documents, importance_targets(model, documents, warm.signal) if documents else []
+    pairs = [(d, answer_targets(model, d, refs, warm.answer_tokens))
+             for docs, refs in zip(batch.documents, batch.references) for d in docs if len(d) > 1]
+    pairs = [(d, t) for d, t in pairs if t is not None]
+    return [d for d, _ in pairs], [t for _, t in pairs]
+
+
 def scorer_loss(model: NuggetModel, documents: list[list[int]], targets: list[torch.Tensor]) -> torch.Tensor:
     """KL(target || softmax(scores)) over each document's positions but the last, averaged over documents."""
     input_ids, opening = model.encoder_input(documents)
@@ -50,20 +85,20 @@ def scorer_loss(model: NuggetModel, documents: list[list[int]], targets: list[to
     return torch.stack(losses).mean()
 
 
-def warm_start_scorer(model: NuggetModel, batches: Mixture, steps: int, lr: float,
-                      signal: WarmStartSignal = "observed_attention") -> list[float]:
-    """`steps` Scorer-only AdamW steps on documents drawn from `batches` (sources with documents); the losses."""
-    optimizer = torch.optim.AdamW(model.scorer.parameters(), lr=lr)
+def warm_start_scorer(model: NuggetModel, batches: Mixture, warm: ScorerWarmStart) -> list[float]:
+    """`warm.steps` Scorer-only AdamW steps on documents drawn from `batches` (sources with documents, or QA
+    sources for `answers`); the losses."""
+    optimizer = torch.optim.AdamW(model.scorer.parameters(), lr=warm.lr)
     losses = []
-    for _ in tqdm(range(steps), desc="Scorer warm start"):
-        documents = [d for docs in batches.next_batch().documents for d in docs if len(d) > 1]
+    for _ in tqdm(range(warm.steps), desc="Scorer warm start"):
+        documents, targets = batch_targets(model, batches.next_batch(), warm)
         if not documents:
             continue
-        loss = scorer_loss(model, documents, importance_targets(model, documents, signal))
+        loss = scorer_loss(model, documents, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
     if losses:
-        log.info("Scorer warm start: %d steps, KL to %s %.4f -> %.4f", len(losses), signal, losses[0], losses[-1])
+        log.info("Scorer warm start: %d steps, KL to %s %.4f -> %.4f", len(losses), warm.signal, losses[0], losses[-1])
     return losses
