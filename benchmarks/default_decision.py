@@ -94,8 +94,9 @@ def decide(baseline: dict[Measure, dict[str, dict]], candidate: dict[Measure, di
     if not any(row["primary"] for row in rows):
         raise SystemExit(f"the folders share no {PRIMARY[0]} run at r = {PRIMARY[1]:g}, the measure a candidate must "
                          "win: run scripts/score_candidate.sh squad-s0 squad-s1 squad-s2 for both")
-    ships = all(row["verdict"] in ("wins", "holds") for row in rows)
-    return {"rows": rows, "ships": ships}
+    missing = [str(m) for m in sorted(set(baseline) - set(candidate), key=str)]  # a measure not run is no hold
+    ships = not missing and all(row["verdict"] in ("wins", "holds") for row in rows)
+    return {"rows": rows, "missing": missing, "ships": ships}
 
 
 def table(result: dict, names: tuple[str, str]) -> str:
@@ -105,6 +106,9 @@ def table(result: dict, names: tuple[str, str]) -> str:
         lines.append(f"| {mark}{row['measure']}{mark} | {row['items']} | {row['baseline']:.1f} | "
                      f"{row['candidate']:.1f} | {row['paired']:+.1f} ± {row['paired_se']:.1f} | {row['verdict']} |")
     decision = "ships: it replaces the default" if result["ships"] else "does not ship: the default stays"
+    if result["missing"]:
+        decision = (f"is not decided: the baseline's {', '.join(result['missing'])} has no candidate run beside it "
+                    "(run scripts/score_candidate.sh for it); the default stays until then")
     return "\n".join(lines) + f"\n\nDecision ({NOISE:g} standard errors): the candidate {decision}.\n"
 
 

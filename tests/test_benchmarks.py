@@ -287,6 +287,11 @@ def test_default_decision_ships_a_win_at_r10_that_loses_nothing_and_refuses_test
     verdicts = {row["measure"]: row["verdict"] for row in result["rows"]}
     assert verdicts == {"squad r = 10 (nugget, squad.json)": "wins", "squad r = 5 (nugget, squad.json)": "holds"}
     assert result["ships"]
+    # a measure the default was scored on and the candidate was not is no hold: undecided, the default stays
+    _harness_run(tmp_path / "base", "ae", "autoencoding", "dev", [(q, 10, "Paris") for q in questions])
+    undecided = decision.decide(decision.read_folder(tmp_path / "base"), decision.read_folder(tmp_path / "cand"))
+    assert not undecided["ships"] and undecided["missing"] == ["autoencoding r = 10 (nugget, squad.json)"]
+    assert "is not decided: the baseline's autoencoding r = 10" in decision.table(undecided, ("base", "cand"))
     # the other way round it does not win, and loses at r = 10: the default stays
     assert not decision.decide(decision.read_folder(tmp_path / "cand"), decision.read_folder(tmp_path / "base"))["ships"]
     _harness_run(tmp_path / "test", "squad-s0", "squad", "test", [("q0", 10, "Paris")])
