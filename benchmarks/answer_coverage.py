@@ -18,7 +18,6 @@ import json
 import math
 import platform
 import random
-import re
 import shlex
 import sys
 from datetime import date
@@ -30,16 +29,7 @@ from nugget_rag import NuggetModel
 from nugget_rag.corpora import read_squad
 from nugget_rag.eval.tasks import seeded_sample
 from nugget_rag.model.scorer import select_nuggets
-from nugget_rag.train.warm_start import importance_targets
-
-
-def answer_spans(context: str, answers: list[str], offsets: list[tuple[int, int]]) -> list[set[int]]:
-    """Token positions of every occurrence of every gold answer in the passage."""
-    spans = []
-    for answer in dict.fromkeys(a.strip() for a in answers if a.strip()):
-        for match in re.finditer(re.escape(answer), context):
-            spans.append({i for i, (s, e) in enumerate(offsets) if s < match.end() and e > match.start()})
-    return [s for s in spans if s]
+from nugget_rag.train.warm_start import answer_spans, importance_targets
 
 
 def scorer_selection(model: NuggetModel, ids: list[int], ratio: float) -> set[int]:

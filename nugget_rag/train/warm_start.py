@@ -12,6 +12,7 @@ normalised, by a KL (a listwise ranking loss: top-k selection reads only the ord
 from __future__ import annotations
 
 import logging
+import re
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,15 @@ def importance_targets(model: NuggetModel, documents: list[list[int]],
     return targets
 
 
+def answer_spans(text: str, answers: list[str], offsets: list[tuple[int, int]]) -> list[set[int]]:
+    """Token positions (by their character `offsets` in `text`) of every occurrence of every answer."""
+    spans = []
+    for answer in dict.fromkeys(a.strip() for a in answers if a.strip()):
+        for match in re.finditer(re.escape(answer), text):
+            spans.append({i for i, (s, e) in enumerate(offsets) if s < match.end() and e > match.start()})
+    return [s for s in spans if s]
+
+
 def answer_targets(model: NuggetModel, document: list[int], references: list[str],
                    answer_tokens: int) -> torch.Tensor | None:
     """Uniform mass on the document's tokens (but the last) that overlap an occurrence of a reference of at most
@@ -49,18 +59,14 @@ def answer_targets(model: NuggetModel, document: list[int], references: list[str
     encoded = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     if encoded["input_ids"] != list(document):
         return None
+    short = [str(r) for r in references
+             if len(tok(str(r).strip(), add_special_tokens=False)["input_ids"]) <= answer_tokens]
+    kept = sorted(set().union(*answer_spans(text, short, encoded["offset_mapping"])) - {len(document) - 1})
+    if not kept:
+        return None
     mass = torch.zeros(len(document) - 1)
-    for answer in {str(r).strip() for r in references}:
-        if not answer or len(tok(answer, add_special_tokens=False)["input_ids"]) > answer_tokens:
-            continue
-        start = text.find(answer)
-        while start >= 0:
-            end = start + len(answer)
-            for i, (a, b) in enumerate(encoded["offset_mapping"][: len(document) - 1]):
-                if b > start and a < end:
-                    mass[i] = 1.0
-            start = text.find(answer, end)
-    return mass / mass.sum() if mass.sum() > 0 else None
+    mass[kept] = 1.0 / len(kept)
+    return mass
 
 
 def batch_targets(model: NuggetModel, batch: Batch, warm: ScorerWarmStart) -> tuple[list[list[int]], list[torch.Tensor]]:
