@@ -265,8 +265,9 @@ def default_resolution() -> ResolutionPolicy:
     likelihood given each passage's nuggets at r = 4 picks the passage read whole, as text, and a second one when
     its likelihood is within 0.3 nats a token of the first's (multi-hop questions need two; on squad_rag dev this
     reads two for 32% of the questions at no loss, where two always lose 12.5 points); the rest are dropped
-    (skimming them at r = 10 answered 23% against 42%: the shipped decoder never learnt to read a whole passage
-    beside nuggets, which the rag_qa objective trains)."""
+    (skimming them at r = 10 answered 23% against 42% with stage 5; with the default of 2026-11-29 it answers more,
+    but by reciting a passage: its decoder adapter never learnt to answer from a whole passage beside nuggets, which
+    the rag_qa objective trains; BENCHMARKS.md, "The reading plan with the new default")."""
     return QueryLikelihood(expand_margin=DEFAULT_EXPAND_MARGIN)
 
 
