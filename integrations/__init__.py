@@ -11,6 +11,7 @@ from .prune import PruneReport, prune
 from .published_index import PublishedIndex
 from .qa_chain import build_qa_chain, source_label
 from .refloor import RefloorReport, refloor
+from .summary_chain import NuggetSummarizer, build_summary_chain
 from .retriever import NuggetRetriever
 from .user_store import EngineUnavailable
 from .vectorstores import VectorStoreSpec
@@ -18,7 +19,7 @@ from .visualize import NuggetView, nugget_view, reading_view, render_html, rende
 
 __all__ = [
     "DocumentLoadError", "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings",
-    "build_qa_chain", "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
+    "build_qa_chain", "build_summary_chain", "NuggetSummarizer", "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
     "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor", "PruneReport", "prune",
     "VectorStoreSpec", "EngineUnavailable", "PublishedIndex", "PublishOptions",
     "NuggetView", "nugget_view", "reading_view", "render_html", "render_terminal",

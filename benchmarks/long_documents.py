@@ -1,0 +1,238 @@
+"""Long documents summarised: nugget readings against what a user would do instead, side by side in one run.
+
+    python benchmarks/long_documents.py --split dev --digests 2 --topics compound --threads 2 \
+        --systems sections_r10 sections_r4 nuggets_r10 nuggets_r10_s512 map_reduce --out benchmarks/results/long-dev
+
+Documents (nugget_rag/eval/long_documents.py): digests of CNN/DailyMail articles of one split (reference: their
+highlights in order; coverage: the share of the digest's articles the summary names) and topics of Python's
+language reference longer than the model's positions (coverage: the share of the topic's key terms it names).
+
+Systems, each timed from the text to the summary with nothing cached:
+- sections_r10 / sections_r4: NuggetSummarizer's sections reading (map-reduce over nuggets) at r = 10 / 4;
+- nuggets_r10, nuggets_r10_s512: its nuggets reading, the document in segments of the model's positions / of 512
+  tokens, compressed alone, read at once;
+- autoregressive: NuggetStreamLLM reads the document and the instruction left to right (window 128);
+- map_reduce and refine: LangChain's recipes (langchain_classic's load_summarize_chain) over the same frozen model
+  as a chat model (langchain-huggingface's ChatHuggingFace), chunks of 1,500 tokens; map_reduce asks for two
+  sentences a chunk, then combines;
+- truncation: the frozen model reads the document's first tokens that fit its positions, then the instruction;
+- full: the frozen model reads the whole document where it fits.
+A nugget system then summarises the same document again from its store (`second_s`). Tokens read count every
+prompt token and nugget each call reads; tokens decoded every generated token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from langchain_core.callbacks import BaseCallbackHandler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reporting import run_meta, write_report  # noqa: E402
+
+from nugget_rag import NuggetCompressor, NuggetStore, NuggetStreamLLM  # noqa: E402
+from nugget_rag.eval.long_documents import LongDocument, digests, reference_topics  # noqa: E402
+from nugget_rag.eval.metrics import rouge  # noqa: E402
+from nugget_rag.integrations.summary_chain import SUMMARY_OF_DOCUMENT, NuggetSummarizer  # noqa: E402
+
+NUGGET_SYSTEMS = {  # name -> (reading, ratio, segment tokens)
+    "sections_r10": ("sections", 10, None), "sections_r4": ("sections", 4, None),
+    "nuggets_r10": ("nuggets", 10, None), "nuggets_r10_s512": ("nuggets", 10, 512),
+}
+TEXT_SYSTEMS = ["map_reduce", "refine", "truncation", "full"]
+SYSTEMS = [*NUGGET_SYSTEMS, "autoregressive", *TEXT_SYSTEMS]
+CHUNK_TOKENS = 1500
+MAP_PROMPT = "Write a summary of the following text in two sentences:\n\n{text}"
+COMBINE_PROMPT = ("The following are summaries of consecutive parts of one document:\n\n{text}\n\n"
+                  "Write a summary of the whole document in a few sentences.")
+
+
+class TokenCounter(BaseCallbackHandler):
+    """Counts the tokens a LangChain chat model reads (its chat-formatted prompts) and writes."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.read, self.decoded = tokenizer, 0, 0
+
+    def on_chat_model_start(self, serialized, messages, **kwargs) -> None:
+        for chat in messages:
+            turns = [{"role": "user" if m.type == "human" else m.type, "content": m.text} for m in chat]
+            self.read += len(self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
+                                                                return_dict=True)["input_ids"])
+
+    def on_llm_end(self, response, **kwargs) -> None:
+        for generations in response.generations:
+            for g in generations:
+                self.decoded += len(self.tokenizer(g.text, add_special_tokens=False)["input_ids"])
+
+
+class TextBaselines:
+    """The frozen model as a LangChain chat model, and the recipes a user would run with it."""
+
+    def __init__(self, model_path: str, max_new_tokens: int):
+        from langchain_huggingface import ChatHuggingFace, HuggingFacePipeline
+        from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        pipe = pipeline("text-generation", model=model, tokenizer=self.tokenizer, max_new_tokens=max_new_tokens,
+                        do_sample=False, return_full_text=False)
+        self.chat = ChatHuggingFace(llm=HuggingFacePipeline(pipeline=pipe), tokenizer=self.tokenizer)
+        self.positions = model.config.max_position_embeddings
+        self.max_new_tokens = max_new_tokens
+
+    def run(self, system: str, text: str) -> tuple[str, dict[str, int]] | None:
+        from langchain_classic.chains.summarize import load_summarize_chain
+        from langchain_core.documents import Document
+        from langchain_core.prompts import PromptTemplate
+        from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+        counter = TokenCounter(self.tokenizer)
+        config = {"callbacks": [counter]}
+        if system in ("map_reduce", "refine"):
+            splitter = RecursiveCharacterTextSplitter.from_huggingface_tokenizer(self.tokenizer, chunk_size=CHUNK_TOKENS,
+                                                                               chunk_overlap=0)
+            chunks = [Document(page_content=c) for c in splitter.split_text(text)]
+            prompts = ({"map_prompt": PromptTemplate.from_template(MAP_PROMPT),
+                        "combine_prompt": PromptTemplate.from_template(COMBINE_PROMPT)} if system == "map_reduce" else {})
+            chain = load_summarize_chain(self.chat, chain_type=system, **prompts)
+            summary = chain.invoke({"input_documents": chunks}, config)["output_text"]
+        else:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            room = self.positions - self.max_new_tokens - 64  # the chat template and the instruction
+            if system == "full" and len(ids) > room:
+                return None
+            document = self.tokenizer.decode(ids[:room])
+            summary = self.chat.invoke(f"{document}\n\n{SUMMARY_OF_DOCUMENT}", config).text
+        return summary.strip(), {"tokens_read": counter.read, "tokens_decoded": counter.decoded}
+
+
+def nugget_system(model, name: str, text: str, max_new_tokens: int) -> dict[str, Any]:
+    reading, ratio, segment = NUGGET_SYSTEMS[name]
+    compressor = NuggetCompressor(model=model, store=NuggetStore(), ratio=ratio, keep_ratio=ratio,
+                                  segment_tokens=segment)
+    summarizer = NuggetSummarizer(compressor=compressor, reading=reading, max_new_tokens=max_new_tokens)
+    start = time.perf_counter()
+    first = summarizer.invoke(text)
+    first_s = time.perf_counter() - start
+    start = time.perf_counter()
+    second = summarizer.invoke(text)
+    meta = first.response_metadata
+    if first.content != second.content or not second.response_metadata["cached"]:
+        raise RuntimeError(f"{name}: the summary from the store differs from the first, or was not read from it")
+    return {"summary": first.content.strip(), "seconds": first_s, "second_s": time.perf_counter() - start,
+            "compress_s": meta["compress_seconds"], "tokens_read": first.usage_metadata["input_tokens"],
+            "tokens_decoded": first.usage_metadata["output_tokens"], "n_nuggets": meta["n_nuggets"],
+            **({"section_summaries": meta["section_summaries"]} if "section_summaries" in meta else {})}
+
+
+def autoregressive(model, text: str, max_new_tokens: int) -> dict[str, Any]:
+    llm = NuggetStreamLLM(model=model, max_new_tokens=max_new_tokens, no_repeat_ngram_size=3)
+    start = time.perf_counter()
+    answer = llm.invoke(f"{text}\n\n{SUMMARY_OF_DOCUMENT}")
+    return {"summary": answer.text.strip(), "seconds": time.perf_counter() - start,
+            "tokens_read": answer.response_metadata["tokens_read"], "tokens_decoded": answer.usage_metadata["output_tokens"]}
+
+
+def scores(doc: LongDocument, summary: str) -> dict[str, Any]:
+    share, named = doc.coverage(summary)
+    out = {"coverage": 100 * share, "named": named}
+    if doc.reference is not None:
+        out.update(rouge([summary], [doc.reference]))
+    return out
+
+
+def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
+    """Per system: mean ROUGE over the digests, coverage over digests and topics, time, tokens; ratios to
+    map_reduce where it ran on the same documents."""
+    lines = ["| system | ROUGE-1 | ROUGE-2 | ROUGE-L | coverage digests | coverage topics | first summary (s) | "
+             "x map-reduce | from the store (s) | x map-reduce | tokens read | tokens decoded |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    base = {r["document"]: r for r in rows if r["system"] == "map_reduce" and "summary" in r}
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+
+    def fmt(value, digits=1):
+        return "" if value is None else f"{value:,.{digits}f}"
+
+    for system in systems:
+        mine = [r for r in rows if r["system"] == system and "summary" in r]
+        if not mine:
+            continue
+        digest_rows = [r for r in mine if "rougeL" in r]
+        topic_rows = [r for r in mine if "rougeL" not in r]
+        paired = [r for r in mine if r["document"] in base]
+        ratio = (sum(r["seconds"] for r in paired) / sum(base[r["document"]]["seconds"] for r in paired)
+                 if paired else None)
+        stored = [r for r in paired if "second_s" in r]
+        ratio_2 = (sum(r["second_s"] for r in stored) / sum(base[r["document"]]["seconds"] for r in stored)
+                   if stored else None)
+        lines.append("| " + " | ".join([
+            system, *(fmt(mean(r.get(m) for r in digest_rows)) for m in ("rouge1", "rouge2", "rougeL")),
+            fmt(mean(r["coverage"] for r in digest_rows), 0), fmt(mean(r["coverage"] for r in topic_rows), 0),
+            fmt(mean(r["seconds"] for r in mine)), fmt(ratio, 2), fmt(mean(r.get("second_s") for r in mine)),
+            fmt(ratio_2, 3), fmt(mean(r["tokens_read"] for r in mine), 0),
+            fmt(mean(r["tokens_decoded"] for r in mine), 0)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--split", choices=["dev", "test"], required=True, help="which CNN/DM articles the digests use")
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/cnndm-test-250.jsonl"))
+    parser.add_argument("--digests", type=int, default=2, help="digests of the split (0: none)")
+    parser.add_argument("--digest-size", type=int, default=12, help="articles a digest")
+    parser.add_argument("--topics", nargs="*", default=["compound"], help="reference topics (pydoc_data.topics)")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
+    parser.add_argument("--checkpoint", default="default", help="nugget checkpoint (default: the shipped one)")
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from nugget_rag.model.base_model import convert_default_model
+    from nugget_rag.model.nugget_model import NuggetModel
+
+    documents = (digests(args.data, args.split, args.digest_size, args.digests) if args.digests else [])
+    documents += reference_topics(args.topics) if args.topics else []
+    model = NuggetModel.from_pretrained(args.checkpoint)
+    text_systems = [s for s in args.systems if s in TEXT_SYSTEMS]
+    baselines = TextBaselines(str(convert_default_model()), args.max_new_tokens) if text_systems else None
+    rows = []
+    for doc in documents:
+        n_tokens = len(model.tokenizer(doc.text, add_special_tokens=False)["input_ids"])
+        for system in args.systems:
+            row: dict[str, Any] = {"document": doc.id, "system": system, "document_tokens": n_tokens}
+            if system in NUGGET_SYSTEMS:
+                row.update(nugget_system(model, system, doc.text, args.max_new_tokens))
+            elif system == "autoregressive":
+                row.update(autoregressive(model, doc.text, args.max_new_tokens))
+            else:
+                start = time.perf_counter()
+                got = baselines.run(system, doc.text)
+                if got is None:
+                    row["skipped"] = f"{n_tokens} tokens exceed the model's positions"
+                else:
+                    row.update(summary=got[0], seconds=time.perf_counter() - start, **got[1])
+            if "summary" in row:
+                row.update(scores(doc, row["summary"]))
+            print(f"{doc.id} {system}: {row.get('seconds', 0):.1f}s cov {row.get('coverage', 0):.0f} "
+                  f"RL {row.get('rougeL', float('nan')):.1f} | {row.get('summary', row.get('skipped'))[:300]!r}",
+                  flush=True)
+            rows.append(row)
+    report = {"meta": run_meta(threads=args.threads, checkpoint=args.checkpoint, split=args.split,
+                               documents=[d.id for d in documents], max_new_tokens=args.max_new_tokens),
+              "rows": rows}
+    write_report(args.out, report, table(rows, args.systems))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
