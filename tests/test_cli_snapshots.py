@@ -22,7 +22,7 @@ DATA = Path(__file__).parent / "data"
 HELP_FILE, ERRORS_FILE = DATA / "cli_help.json", DATA / "cli_errors.json"
 COLUMNS = "100"  # argparse wraps help to the terminal's width: one width for every run
 
-HELP = [[], ["ingest"], ["ask"], ["serve"], ["jobs"], ["index"], ["index", "check"], ["refloor"], ["prune"],
+HELP = [[], ["ingest"], ["ask"], ["summarize"], ["serve"], ["jobs"], ["index"], ["index", "check"], ["refloor"], ["prune"],
         ["inspect"], ["train"], ["eval"]]
 
 BAD = {  # a case a command (or argparse before it) refuses: its arguments; none loads a model
@@ -35,6 +35,8 @@ BAD = {  # a case a command (or argparse before it) refuses: its arguments; none
     "ask: --repetition-penalty 0.5": ["ask", "Which planet?", "--repetition-penalty", "0.5"],
     "ask: --vectorstore with --store": ["ask", "Which planet?", "--store", "redis://127.0.0.1:1/0",
                                         "--vectorstore", "langchain_chroma:Chroma"],
+    "summarize: a missing file": ["summarize", "/nonexistent/report.txt"],
+    "summarize: --ratio 0.5": ["summarize", "report.txt", "--ratio", "0.5"],
     "serve: no index": ["serve"],
     "serve: --replicas without --ray": ["serve", "--index", "/nonexistent/index", "--replicas", "2"],
     "serve: --replicas 3..1": ["serve", "--replicas", "3..1"],

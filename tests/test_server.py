@@ -131,6 +131,18 @@ def test_compress_returns_nugget_metadata(client):
     assert [d["metadata"]["nuggets"]["n_tokens"] for d in documents] == [len(t) for t in TEXTS]
 
 
+def test_summarize_reads_the_store_the_second_time(client):
+    body = {"documents": [" ".join(TEXTS)] * 1 + ["   "], "max_new_tokens": 3}
+    first = client.post("/summarize", json=body)
+    second = client.post("/summarize", json=body)
+    assert first.status_code == second.status_code == 200
+    assert not first.json()["metadata"]["cached"] and second.json()["metadata"]["cached"]
+    assert second.json()["summary"] == first.json()["summary"]
+    assert first.json()["metadata"]["n_document_tokens"] == len(" ".join(TEXTS))
+    assert client.post("/summarize", json={"documents": ["  "]}).status_code == 422
+    assert client.post("/summarize", json={"documents": ["x"], "reading": "skim"}).status_code == 422
+
+
 @pytest.mark.parametrize(("body", "status", "message"), [
     (b"{not json", 422, "JSON"),
     (json.dumps({"k": 2}).encode(), 422, "question"),

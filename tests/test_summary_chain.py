@@ -62,3 +62,32 @@ def test_chain_as_text_and_bad_input(summarizer):
         summarizer.invoke([3])
     with pytest.raises(ValueError):
         NuggetSummarizer(compressor=summarizer.compressor, reading="skim")
+
+
+def test_many_section_sentences_are_combined_a_group_at_a_time(summarizer):
+    """More section sentences than one prompt holds (tiny model: 512 positions) are combined in groups first."""
+    sentences = [f"Section {i} tells of cats and dogs in the hills." for i in range(20)]
+    assert len(summarizer._combine_prompt(sentences)) > 512
+    steps, adapter, prompt_tokens = summarizer._combine(sentences)
+    assert adapter is None and prompt_tokens <= 512 - summarizer.max_new_tokens
+    assert isinstance("".join(steps), str) and steps.finish_reason in ("stop", "length")
+
+
+def test_cli_summarize_stores_the_nuggets_in_the_index(tiny_cli, tmp_path, capsys):
+    from nugget_rag import cli
+
+    path = tiny_cli / "long.txt"
+    path.write_text(TEXT)
+    index = tmp_path / "index"
+    argv = ["summarize", str(path), "--index", str(index), "--max-new-tokens", "4", "--ratio", "4"]
+    assert cli.main(argv[:2] + argv[4:]) == 0  # no index: compressed in memory
+    alone = capsys.readouterr()
+    assert "compressed in" in alone.err and alone.out.strip()
+    assert cli.main(argv) == 0
+    first = capsys.readouterr()
+    assert "3 new chunk(s) ingested" in first.err and "all from the store" in first.err
+    assert cli.main(argv) == 0
+    second = capsys.readouterr()
+    assert "0 new chunk(s)" in second.err and "all from the store" in second.err and second.out == first.out
+    assert cli.main(["summarize", str(tmp_path / "missing.txt")]) == 2
+    assert "missing.txt" in capsys.readouterr().err

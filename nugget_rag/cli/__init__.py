@@ -3,6 +3,7 @@
     nugget-rag ingest docs/ notes.md corpus.jsonl --index my-index
     nugget-rag ingest corpus/ --index my-index --store redis://head:6379/0 --ray head:6379
     nugget-rag ask "How do I parse JSON?" --index my-index
+    nugget-rag summarize report.txt --index my-index
     nugget-rag prune --index my-index
     nugget-rag jobs resume ingest-1f0e... --index my-index
     nugget-rag index check --store redis://head:6379/0 --repair
@@ -22,12 +23,12 @@ import sys
 from collections.abc import Sequence
 
 from ..cli_options import UserError
-from . import ask, harness, index, ingest, inspect, jobs, loading, prune, refloor, serve
+from . import ask, harness, index, ingest, inspect, jobs, loading, prune, refloor, serve, summarize
 from .loading import load_compressor, load_embeddings, vectorstore_spec  # as before; tests replace cli.loading's
 from .options import model_options
 
 log = logging.getLogger("nugget_rag.cli")
-COMMANDS = [ingest, ask, serve, jobs, index, refloor, prune, inspect, harness]  # in `nugget-rag --help`'s order
+COMMANDS = [ingest, ask, summarize, serve, jobs, index, refloor, prune, inspect, harness]  # in `nugget-rag --help`'s order
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """The bodies the server takes, validated before any work: a question (/ask), OpenAI's chat request
-(/v1/chat/completions) and documents (/ingest, /compress, /ingest/jobs). Text that is not valid Unicode (a lone
+(/v1/chat/completions) and documents (/ingest, /compress, /summarize, /ingest/jobs). Text that is not valid Unicode (a lone
 surrogate) is refused naming its field."""
 
 from __future__ import annotations
@@ -125,4 +125,12 @@ class DocumentsRequest(BaseModel):
         return self.as_documents()
 
 
-__all__ = ["AskRequest", "ChatMessage", "ChatRequest", "DocumentsRequest", "TextPart"]
+class SummarizeRequest(DocumentsRequest):
+    """Documents read as one, in order, to summarise (POST /summarize)."""
+
+    reading: Literal["sections", "nuggets"] = Field("sections", description="sections: a sentence a section from its "
+                                                    "nuggets, then combined; nuggets: every nugget read at once.")
+    max_new_tokens: int = Field(160, ge=1, le=2048)
+
+
+__all__ = ["AskRequest", "ChatMessage", "ChatRequest", "DocumentsRequest", "SummarizeRequest", "TextPart"]

@@ -1,0 +1,67 @@
+"""`nugget-rag summarize`: summarise files of any length from their nuggets, streaming the summary.
+
+With --index DIR the files are ingested into that index first (its one ingest path: chunks, vectors, nuggets in its
+store), and the summary reads their chunks' stored nuggets: a second summary, or `nugget-rag ask` about them,
+compresses nothing again. With --store alone the nuggets are kept in that Redis; with neither, in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import get_args
+
+from ..cli_options import UserError, positive_int, ratio_arg
+from . import loading
+from .opening import open_index
+from .options import add_stores_options
+
+
+def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
+    from ..integrations.summary_chain import SummaryReading
+
+    summarize = commands.add_parser("summarize", parents=[model_options], help="summarise long files from their nuggets",
+                                    description="Compress the files into nuggets (stored for reuse) and stream one "
+                                                "summary of them.")
+    summarize.add_argument("paths", nargs="+", type=Path, metavar="FILE", help="files or folders, read as one document")
+    summarize.add_argument("--index", type=Path, metavar="DIR", help="ingest into this index and keep the nuggets in "
+                           "its store (questions about the files then read them too)")
+    summarize.add_argument("--ratio", type=ratio_arg, help="compression ratio r (default: the model's, or the index's)")
+    summarize.add_argument("--reading", choices=get_args(SummaryReading), default="sections",
+                           help="sections: a sentence a section from its nuggets, then combined (default); "
+                                "nuggets: every nugget read at once")
+    summarize.add_argument("--max-new-tokens", type=positive_int, default=160, metavar="N",
+                           help="summary length (default 160)")
+    add_stores_options(summarize)
+    summarize.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..integrations import load_documents
+    from ..integrations.summary_chain import NuggetSummarizer
+
+    documents = [d for d in load_documents(args.paths) if d.page_content.strip()]
+    if not documents:
+        raise UserError(f"nothing to summarise in {', '.join(map(str, args.paths))}: no file with text was read")
+    if args.index is not None:
+        opened = open_index(args)
+        index, added = opened.ingest(documents, show_progress=True)
+        print(f"{args.index}: {added} new chunk(s) ingested, their nuggets stored", file=sys.stderr)
+        sources = {d.metadata.get("source") for d in documents}
+        parts = [d for d in index.documents if d.metadata.get("source") in sources]
+        compressor = opened.compressor
+    else:
+        parts, compressor = documents, loading.load_compressor(args)
+    compressor.show_progress = True
+    summarizer = NuggetSummarizer(compressor=compressor, reading=args.reading, max_new_tokens=args.max_new_tokens)
+    final = None
+    for chunk in summarizer.stream(parts):
+        sys.stdout.write(chunk.content)
+        sys.stdout.flush()
+        final = chunk if final is None else final + chunk
+    meta = final.response_metadata
+    print(f"\n\n{meta['n_document_tokens']:,} tokens in {meta['n_sections']} part(s) read as {meta['n_nuggets']:,} "
+          f"nuggets (r = {meta['compression_ratio']:.1f}; {'all from the store' if meta['cached'] else 'compressed'}"
+          f" in {meta['compress_seconds']:.1f} s), summarised in {meta['decode_seconds']:.1f} s", file=sys.stderr)
+    return 0
