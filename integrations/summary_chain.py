@@ -1,16 +1,18 @@
 """Summaries of documents of any length from their nuggets: a LangChain Runnable, and the chain builder.
 
-Two readings (`SummaryReading`), both over nuggets the compressor's store keeps, so that a second summary or a
-question about the same text compresses nothing:
-- "sections" (map-reduce over nuggets): the text is cut into sections of about `section_tokens` tokens at
-  paragraph boundaries, each compressed alone; the decoder writes one sentence per section from its nuggets, all
-  sections in one batched decode; the frozen model then combines those sentences into the summary.
-- "nuggets": the decoder reads every document's nuggets at once (a document longer than the model's positions is
-  compressed in segments that are joined) and writes the summary in one decode (paper Appendix D).
+The text is cut into sections of at most `section_tokens` tokens at paragraph boundaries (the passages the
+fine-tuned checkpoint learnt to read), each compressed alone and kept in the compressor's store, so that a second
+summary, or a question about the same text, compresses nothing. Three readings of those nuggets (`SummaryReading`):
+- "outline": the decoder writes one sentence a section from the section's nuggets, every section in one batched
+  decode; the summary is those sentences in order;
+- "sections" (map-reduce over nuggets): the outline's sentences, then the frozen model combines them into a few
+  sentences (LangChain's "concise summary" prompt);
+- "nuggets": the decoder reads every section's nuggets at once and writes the summary in one decode (paper App. D).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
@@ -29,11 +31,10 @@ from nugget_rag.prompts import SUMMARY_PROMPT, chat_token_ids
 
 from .chunking import token_splitter
 
-SummaryReading = Literal["sections", "nuggets"]
+SummaryReading = Literal["outline", "sections", "nuggets"]
 FINISH_SENTENCE = 32  # tokens past a limit to end the sentence it cut
 SUMMARY_OF_DOCUMENT = "Please summarize the above document in a few sentences."
-COMBINE_PROMPT = ("Here are summaries of the consecutive sections of one document:\n\n{sections}\n\n"
-                  "Write a summary of the whole document in a few sentences.")
+COMBINE_PROMPT = 'Write a concise summary of the following:\n\n"{sections}"\n\nCONCISE SUMMARY:'  # LangChain's
 
 
 class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
@@ -42,19 +43,20 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
     Output: an AIMessage (streamed as chunks) whose ``response_metadata`` says what was read: ``reading``,
     ``n_document_tokens``, ``n_sections``, ``n_nuggets``, ``compression_ratio`` (document tokens per nugget),
     ``cached`` (every state came from the store: nothing was compressed), ``compress_seconds`` and
-    ``decode_seconds``, and for the sections reading the ``section_summaries``.
+    ``decode_seconds``, and for the outline and sections readings the ``section_summaries``.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     compressor: NuggetCompressor
-    reading: SummaryReading = Field("sections", description="How the nuggets are read (module docstring).")
+    reading: SummaryReading = Field("outline", description="How the nuggets are read (module docstring).")
     section_tokens: int = Field(512, ge=16, description="sections: a section's length in tokens at most (the "
                                 "fine-tuned checkpoint read passages of up to 512 tokens).")
-    section_max_new_tokens: int = Field(40, ge=1, description="sections: a section's sentence, in tokens at most.")
+    section_max_new_tokens: int = Field(32, ge=1, description="A section's sentence, in tokens at most (then to "
+                                        "its end).")
     max_new_tokens: int = Field(160, ge=1, description="The summary, in tokens at most (then to its sentence's end).")
     no_repeat_ngram_size: int = Field(3, ge=0, description="Never repeat an n-gram of this many tokens (0: off).")
-    batch_size: int = Field(16, ge=1, description="sections: sections decoded in one batch.")
+    batch_size: int = Field(16, ge=1, description="Sections decoded in one batch.")
 
     # ------------------------------------------------------------------ LangChain interface
     def invoke(self, input: CompressorInput, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
@@ -79,29 +81,33 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
         if not docs:
             raise ValueError("there is nothing to summarise: every document given is empty or whitespace")
         started = time.perf_counter()
-        parts = self.sections(docs) if self.reading == "sections" else docs
+        parts = self.sections(docs)
         found = self.compressor.lookup(parts)
+        states = [f.state for f in found]
         compressed = time.perf_counter()
         meta: dict[str, Any] = {"reading": self.reading}
-        if self.reading == "sections":
-            section_summaries = self._section_summaries([f.state for f in found])
-            meta["section_summaries"] = section_summaries
-            steps, adapter, samples = self._combine(section_summaries)
+        if self.reading == "nuggets":
+            steps, prompt_tokens = self._read_nuggets(states)
         else:
-            steps, adapter, samples = self._read_nuggets([f.state for f in found])
-        generated, pieces = 0, []
+            sentences, decoded = self._section_sentences(states)
+            meta["section_summaries"] = sentences
+            if self.reading == "outline":
+                steps, prompt_tokens = RowSteps(iter([(" ".join(s for s in sentences if s), "stop")])), 0
+            else:
+                steps, prompt_tokens = self._combine(sentences)
+        generated = 0
         for piece in steps:
             generated += 1
             if piece:
-                pieces.append(piece)
                 yield AIMessageChunk(content=piece)
-        states = [f.state for f in found]
+        if self.reading != "nuggets":  # the outline's tokens were decoded section by section
+            generated = decoded + (generated if self.reading == "sections" else 0)
         n_tokens, n_nuggets = sum(s.n for s in states), sum(s.k for s in states)
         meta.update(n_document_tokens=n_tokens, n_sections=len(parts), n_nuggets=n_nuggets,
                     compression_ratio=n_tokens / n_nuggets, ratio=self.compressor.effective_ratio,
                     cached=all(f.cached for f in found), compress_seconds=round(compressed - started, 3),
                     decode_seconds=round(time.perf_counter() - compressed, 3), finish_reason=steps.finish_reason)
-        read = samples + n_nuggets
+        read = prompt_tokens + n_nuggets
         yield AIMessageChunk(content="", response_metadata=meta, chunk_position="last", usage_metadata=UsageMetadata(
             input_tokens=read, output_tokens=generated, total_tokens=read + generated,
             input_token_details={"cache_read": sum(f.state.k for f in found if f.cached)}))
@@ -116,25 +122,27 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
         return GenerationSettings(max_new_tokens=max_new_tokens, finish_sentence=FINISH_SENTENCE, temperature=0,
                                   no_repeat_ngram_size=self.no_repeat_ngram_size)
 
-    def _section_summaries(self, states: list) -> list[str]:
-        """One sentence a section, written by the decoder from the section's nuggets, in batches."""
+    def _section_sentences(self, states: list) -> tuple[list[str], int]:
+        """One sentence a section, the first the decoder writes from the section's nuggets (a batched decode that
+        stops at a line break), and the tokens decoded."""
         model = self.compressor.model
         prefix, prompt = model.chat_prompt([{"role": "user", "content": SUMMARY_PROMPT}])
-        settings = self._settings(self.section_max_new_tokens)
-        out = []
+        settings = self._settings(self.section_max_new_tokens).model_copy(update={"stop": ["\n"]})
+        written = []
         for start in range(0, len(states), self.batch_size):
             batch = states[start : start + self.batch_size]
-            out += generate(model, [[s] for s in batch], [prompt] * len(batch), settings, adapter=DECODER,
-                            prefixes=[prefix] * len(batch))
-        return [text.strip() for text in out]
+            written += generate(model, [[s] for s in batch], [prompt] * len(batch), settings, adapter=DECODER,
+                                prefixes=[prefix] * len(batch))
+        decoded = sum(map(len, model.tokenizer(written, add_special_tokens=False)["input_ids"])) if written else 0
+        return [first_sentence(text) for text in written], decoded
 
-    def _combine(self, section_summaries: list[str]):
-        """The frozen model's summary of the section sentences, read as text: its steps, adapter, prompt length.
+    def _combine(self, sentences: list[str]) -> tuple[RowSteps, int]:
+        """The frozen model's summary of the section sentences, read as text: its steps and prompt tokens.
         Sentences too many for one prompt are combined a group at a time first, until they fit (as LangChain's
         map-reduce collapses)."""
         model = self.compressor.model
         budget = model.max_positions - self.max_new_tokens - FINISH_SENTENCE
-        summaries = [s for s in section_summaries if s]
+        summaries = [s for s in sentences if s]
         prompt = self._combine_prompt(summaries)
         while len(prompt) > budget and len(summaries) > 1:
             groups = self._groups(summaries, budget)
@@ -145,7 +153,7 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
         if len(prompt) > budget:
             raise ValueError(f"one section's summary takes {len(prompt)} prompt tokens, more than the {budget} the "
                              f"model's {model.max_positions} positions leave; lower section_max_new_tokens")
-        return self._steps([[]], prompt, None, None), None, len(prompt)
+        return self._steps([[]], prompt, None, None), len(prompt)
 
     def _combine_prompt(self, summaries: list[str]) -> list[int]:
         listed = "\n".join(f"- {s}" for s in summaries)
@@ -165,10 +173,10 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
                              f"{self.compressor.model.max_positions} positions; lower section_max_new_tokens")
         return groups
 
-    def _read_nuggets(self, states: list):
-        """The decoder's summary from every state at once: its steps, adapter, prompt length."""
+    def _read_nuggets(self, states: list) -> tuple[RowSteps, int]:
+        """The decoder's summary from every state at once: its steps and prompt tokens."""
         prefix, prompt = self.compressor.model.chat_prompt([{"role": "user", "content": SUMMARY_OF_DOCUMENT}])
-        return self._steps([states], prompt, prefix, DECODER), DECODER, len(prefix) + len(prompt)
+        return self._steps([states], prompt, prefix, DECODER), len(prefix) + len(prompt)
 
     def _steps(self, samples: list, prompt: list[int], prefix: list[int] | None, adapter: str | None) -> RowSteps:
         """One row's decoding steps: `samples`' states after `prefix`, then `prompt`, read with `adapter`."""
@@ -177,7 +185,12 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
         return RowSteps((pieces[0], done[0]) for pieces, done in steps)
 
 
-def build_summary_chain(compressor: NuggetCompressor, reading: SummaryReading = "sections", as_text: bool = False,
+def first_sentence(text: str) -> str:
+    """`text`'s first sentence (to its first '.', '!' or '?' before whitespace), or all of it stripped."""
+    return re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
+
+
+def build_summary_chain(compressor: NuggetCompressor, reading: SummaryReading = "outline", as_text: bool = False,
                         **fields: Any) -> Runnable:
     """text or documents -> summary: a NuggetSummarizer over `compressor` (its store keeps the nuggets), returning
     the AIMessage, or its text with ``as_text=True``. `fields` are the summarizer's (`section_tokens`, ...)."""

@@ -16,18 +16,21 @@ def summarizer(tiny_model, tmp_path):
                             no_repeat_ngram_size=0)
 
 
-def test_sections_reading_cuts_batches_and_combines(summarizer):
-    answer = summarizer.invoke(TEXT)
+@pytest.mark.parametrize("reading", ["outline", "sections", "nuggets"])
+def test_every_reading_reads_the_sections_nuggets(summarizer, reading):
+    answer = summarizer.model_copy(update={"reading": reading}).invoke(TEXT)
     meta = answer.response_metadata
     sections = summarizer.sections([Document(page_content=TEXT)])
-    assert meta["reading"] == "sections" and meta["n_sections"] == len(sections) > 1
+    assert meta["reading"] == reading and meta["n_sections"] == len(sections) > 1
     assert all(len(summarizer.compressor.model.tokenizer(s.page_content)["input_ids"]) <= 200 for s in sections)
-    assert len(meta["section_summaries"]) == len(sections)
+    assert len(meta.get("section_summaries", sections)) == len(sections)
+    if reading == "outline":
+        assert answer.content == " ".join(s for s in meta["section_summaries"] if s)
     assert meta["n_document_tokens"] == sum(len(summarizer.compressor.model.tokenizer(s.page_content)["input_ids"])
                                             for s in sections)
     assert meta["n_nuggets"] >= meta["n_document_tokens"] / 4
     assert not meta["cached"] and meta["compress_seconds"] >= 0 and meta["decode_seconds"] > 0
-    assert answer.usage_metadata["output_tokens"] >= 1
+    assert answer.usage_metadata["output_tokens"] >= (1 if reading != "outline" else 0)
 
 
 def test_second_summary_reads_the_store_and_matches(summarizer):
@@ -38,19 +41,19 @@ def test_second_summary_reads_the_store_and_matches(summarizer):
     assert second.usage_metadata["input_token_details"]["cache_read"] == second.response_metadata["n_nuggets"]
 
 
-def test_nuggets_reading_reads_every_state_at_once(summarizer):
+def test_documents_are_read_as_one_in_order(summarizer):
     reader = summarizer.model_copy(update={"reading": "nuggets"})
     docs = [Document(page_content=TEXT), "A second document about hills."]
-    answer = reader.invoke(docs)
-    meta = answer.response_metadata
-    assert meta["reading"] == "nuggets" and meta["n_sections"] == 2 and "section_summaries" not in meta
+    meta = reader.invoke(docs).response_metadata
+    assert meta["n_sections"] == len(summarizer.sections([Document(page_content=TEXT)])) + 1
+    assert "section_summaries" not in meta
     assert meta["compression_ratio"] == pytest.approx(meta["n_document_tokens"] / meta["n_nuggets"])
 
 
 def test_stream_yields_the_summary_then_metadata(summarizer):
     chunks = list(summarizer.stream(TEXT))
     assert "".join(c.content for c in chunks) == summarizer.invoke(TEXT).content
-    assert chunks[-1].response_metadata["reading"] == "sections"
+    assert chunks[-1].response_metadata["reading"] == "outline"
 
 
 def test_chain_as_text_and_bad_input(summarizer):
@@ -68,8 +71,8 @@ def test_many_section_sentences_are_combined_a_group_at_a_time(summarizer):
     """More section sentences than one prompt holds (tiny model: 512 positions) are combined in groups first."""
     sentences = [f"Section {i} tells of cats and dogs in the hills." for i in range(20)]
     assert len(summarizer._combine_prompt(sentences)) > 512
-    steps, adapter, prompt_tokens = summarizer._combine(sentences)
-    assert adapter is None and prompt_tokens <= 512 - summarizer.max_new_tokens
+    steps, prompt_tokens = summarizer._combine(sentences)
+    assert prompt_tokens <= 512 - summarizer.max_new_tokens
     assert isinstance("".join(steps), str) and steps.finish_reason in ("stop", "length")
 
 
@@ -79,7 +82,7 @@ def test_cli_summarize_stores_the_nuggets_in_the_index(tiny_cli, tmp_path, capsy
     path = tiny_cli / "long.txt"
     path.write_text(TEXT)
     index = tmp_path / "index"
-    argv = ["summarize", str(path), "--index", str(index), "--max-new-tokens", "4", "--ratio", "4"]
+    argv = ["summarize", str(path), "--index", str(index), "--max-new-tokens", "4", "--ratio", "4", "--reading", "nuggets"]
     assert cli.main(argv[:2] + argv[4:]) == 0  # no index: compressed in memory
     alone = capsys.readouterr()
     assert "compressed in" in alone.err and alone.out.strip()

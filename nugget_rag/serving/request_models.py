@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from ..components.resolution import RESOLUTIONS
 from ..config import ANSWER_NO_REPEAT_NGRAM_SIZE
+from ..integrations.summary_chain import SummaryReading
 
 
 def _check_unicode(where: str, text: str) -> None:
@@ -128,8 +129,8 @@ class DocumentsRequest(BaseModel):
 class SummarizeRequest(DocumentsRequest):
     """Documents read as one, in order, to summarise (POST /summarize)."""
 
-    reading: Literal["sections", "nuggets"] = Field("sections", description="sections: a sentence a section from its "
-                                                    "nuggets, then combined; nuggets: every nugget read at once.")
+    reading: SummaryReading | None = Field(None, description="How the nuggets are read (NuggetSummarizer's readings; "
+                                           "default: its measured best).")
     max_new_tokens: int = Field(160, ge=1, le=2048)
 
 

@@ -20,8 +20,8 @@ async def summarize(request: SummarizeRequest, http: Request, state: State) -> d
             if d.page_content.strip()]
     if not docs:
         raise HTTPException(422, "every document is empty or whitespace: there is nothing to summarise")
-    summarizer = NuggetSummarizer(compressor=state.compressor, reading=request.reading,
-                                  max_new_tokens=request.max_new_tokens)
+    chosen = {"reading": request.reading} if request.reading else {}
+    summarizer = NuggetSummarizer(compressor=state.compressor, max_new_tokens=request.max_new_tokens, **chosen)
     slot = state.slots.admit()
 
     def summary() -> dict:
