@@ -1,23 +1,25 @@
 """Long documents summarised: nugget readings against what a user would do instead, side by side in one run.
 
-    python benchmarks/long_documents.py --split dev --digests 2 --topics compound --threads 2 \
-        --systems sections_r10 sections_r4 nuggets_r10 nuggets_r10_s512 map_reduce --out benchmarks/results/long-dev
+    python benchmarks/long_documents.py --split dev --digests 2 --topics compound --threads 1 \
+        --systems outline_r10 sections_r10 nuggets_r10 outline_r4 map_reduce --out benchmarks/results/long-dev
 
 Documents (nugget_rag/eval/long_documents.py): digests of CNN/DailyMail articles of one split (reference: their
 highlights in order; coverage: the share of the digest's articles the summary names) and topics of Python's
 language reference longer than the model's positions (coverage: the share of the topic's key terms it names).
 
 Systems, each timed from the text to the summary with nothing cached:
-- sections_r10 / sections_r4: NuggetSummarizer's sections reading (map-reduce over nuggets) at r = 10 / 4;
-- nuggets_r10, nuggets_r10_s512: its nuggets reading, the document in segments of the model's positions / of 512
-  tokens, compressed alone, read at once;
+- outline_rR, sections_rR, nuggets_rR (R = 10 or 4): NuggetSummarizer's readings at r = R. The document's sections
+  are compressed once, at a floor of 4, into a fresh store: every reading and ratio reads them from there, and its
+  first summary's time is that compression plus its own reading;
 - autoregressive: NuggetStreamLLM reads the document and the instruction left to right (window 128);
 - map_reduce and refine: LangChain's recipes (langchain_classic's load_summarize_chain) over the same frozen model
   as a chat model (langchain-huggingface's ChatHuggingFace), chunks of 1,500 tokens; map_reduce asks for two
   sentences a chunk, then combines;
 - truncation: the frozen model reads the document's first tokens that fit its positions, then the instruction;
-- full: the frozen model reads the whole document where it fits.
-A nugget system then summarises the same document again from its store (`second_s`). Tokens read count every
+- full: the frozen model reads the whole document where it fits;
+- floor: not a summary, the least any of them can take: one pass of the frozen model over the document (pieces of
+  2,048 tokens), which reading every token once costs.
+A nugget system's time from its store (`second_s`) is its reading alone. Tokens read count every
 prompt token and nugget each call reads; tokens decoded every generated token.
 """
 
@@ -36,16 +38,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reporting import run_meta, write_report  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetStore, NuggetStreamLLM  # noqa: E402
+from nugget_rag.components.compressor import as_documents  # noqa: E402
 from nugget_rag.eval.long_documents import LongDocument, digests, reference_topics  # noqa: E402
 from nugget_rag.eval.metrics import rouge  # noqa: E402
 from nugget_rag.integrations.summary_chain import SUMMARY_OF_DOCUMENT, NuggetSummarizer  # noqa: E402
 
-NUGGET_SYSTEMS = {  # name -> (reading, ratio, segment tokens)
-    "sections_r10": ("sections", 10, None), "sections_r4": ("sections", 4, None),
-    "nuggets_r10": ("nuggets", 10, None), "nuggets_r10_s512": ("nuggets", 10, 512),
-}
+NUGGET_SYSTEMS = {f"{reading}_r{ratio}": (reading, ratio) for ratio in (10, 4)
+                  for reading in ("outline", "sections", "nuggets")}  # name -> (reading, ratio)
 TEXT_SYSTEMS = ["map_reduce", "refine", "truncation", "full"]
-SYSTEMS = [*NUGGET_SYSTEMS, "autoregressive", *TEXT_SYSTEMS]
+SYSTEMS = ["floor", *NUGGET_SYSTEMS, "autoregressive", *TEXT_SYSTEMS]
+FLOOR_PIECE = 2048
 CHUNK_TOKENS = 1500
 MAP_PROMPT = "Write a summary of the following text in two sentences:\n\n{text}"
 COMBINE_PROMPT = ("The following are summaries of consecutive parts of one document:\n\n{text}\n\n"
@@ -111,23 +113,31 @@ class TextBaselines:
         return summary.strip(), {"tokens_read": counter.read, "tokens_decoded": counter.decoded}
 
 
-def nugget_system(model, name: str, text: str, max_new_tokens: int) -> dict[str, Any]:
-    reading, ratio, segment = NUGGET_SYSTEMS[name]
-    compressor = NuggetCompressor(model=model, store=NuggetStore(), ratio=ratio, keep_ratio=ratio,
-                                  segment_tokens=segment)
-    summarizer = NuggetSummarizer(compressor=compressor, reading=reading, max_new_tokens=max_new_tokens)
-    start = time.perf_counter()
-    first = summarizer.invoke(text)
-    first_s = time.perf_counter() - start
-    start = time.perf_counter()
-    second = summarizer.invoke(text)
-    meta = first.response_metadata
-    if first.content != second.content or not second.response_metadata["cached"]:
-        raise RuntimeError(f"{name}: the summary from the store differs from the first, or was not read from it")
-    return {"summary": first.content.strip(), "seconds": first_s, "second_s": time.perf_counter() - start,
-            "compress_s": meta["compress_seconds"], "tokens_read": first.usage_metadata["input_tokens"],
-            "tokens_decoded": first.usage_metadata["output_tokens"], "n_nuggets": meta["n_nuggets"],
-            **({"section_summaries": meta["section_summaries"]} if "section_summaries" in meta else {})}
+class NuggetReadings:
+    """Every nugget system over one document: its sections compressed once (timed), then each reading."""
+
+    def __init__(self, model, text: str, max_new_tokens: int):
+        self.compressor = NuggetCompressor(model=model, store=NuggetStore(), keep_ratio=4)
+        self.text, self.max_new_tokens = text, max_new_tokens
+        summarizer = NuggetSummarizer(compressor=self.compressor)
+        start = time.perf_counter()
+        self.compressor.lookup(summarizer.sections(as_documents(text)))
+        self.compress_s = time.perf_counter() - start
+
+    def run(self, name: str) -> dict[str, Any]:
+        reading, ratio = NUGGET_SYSTEMS[name]
+        summarizer = NuggetSummarizer(compressor=self.compressor.model_copy(update={"ratio": ratio}), reading=reading,
+                                      max_new_tokens=self.max_new_tokens)
+        start = time.perf_counter()
+        answer = summarizer.invoke(self.text)
+        read_s = time.perf_counter() - start
+        meta = answer.response_metadata
+        if not meta["cached"]:
+            raise RuntimeError(f"{name}: the sections were not all read from the store")
+        return {"summary": answer.content.strip(), "seconds": self.compress_s + read_s, "second_s": read_s,
+                "compress_s": self.compress_s, "tokens_read": answer.usage_metadata["input_tokens"],
+                "tokens_decoded": answer.usage_metadata["output_tokens"], "n_nuggets": meta["n_nuggets"],
+                **({"section_summaries": meta["section_summaries"]} if "section_summaries" in meta else {})}
 
 
 def autoregressive(model, text: str, max_new_tokens: int) -> dict[str, Any]:
@@ -136,6 +146,15 @@ def autoregressive(model, text: str, max_new_tokens: int) -> dict[str, Any]:
     answer = llm.invoke(f"{text}\n\n{SUMMARY_OF_DOCUMENT}")
     return {"summary": answer.text.strip(), "seconds": time.perf_counter() - start,
             "tokens_read": answer.response_metadata["tokens_read"], "tokens_decoded": answer.usage_metadata["output_tokens"]}
+
+
+def floor(model, text: str) -> dict[str, Any]:
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for piece in range(0, len(ids), FLOOR_PIECE):
+            model.run(None, input_ids=torch.tensor([ids[piece : piece + FLOOR_PIECE]], device=model.device))
+    return {"seconds": time.perf_counter() - start, "tokens_read": len(ids), "tokens_decoded": 0}
 
 
 def scores(doc: LongDocument, summary: str) -> dict[str, Any]:
@@ -162,11 +181,11 @@ def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
         return "" if value is None else f"{value:,.{digits}f}"
 
     for system in systems:
-        mine = [r for r in rows if r["system"] == system and "summary" in r]
+        mine = [r for r in rows if r["system"] == system and ("summary" in r or system == "floor")]
         if not mine:
             continue
         digest_rows = [r for r in mine if "rougeL" in r]
-        topic_rows = [r for r in mine if "rougeL" not in r]
+        topic_rows = [r for r in mine if "rougeL" not in r and "coverage" in r]
         paired = [r for r in mine if r["document"] in base]
         ratio = (sum(r["seconds"] for r in paired) / sum(base[r["document"]]["seconds"] for r in paired)
                  if paired else None)
@@ -192,7 +211,7 @@ def main() -> int:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
     parser.add_argument("--checkpoint", default="default", help="nugget checkpoint (default: the shipped one)")
     parser.add_argument("--max-new-tokens", type=int, default=160)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 where other work shares the CPU)")
     parser.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -208,10 +227,14 @@ def main() -> int:
     rows = []
     for doc in documents:
         n_tokens = len(model.tokenizer(doc.text, add_special_tokens=False)["input_ids"])
+        readings = None
         for system in args.systems:
             row: dict[str, Any] = {"document": doc.id, "system": system, "document_tokens": n_tokens}
             if system in NUGGET_SYSTEMS:
-                row.update(nugget_system(model, system, doc.text, args.max_new_tokens))
+                readings = readings or NuggetReadings(model, doc.text, args.max_new_tokens)
+                row.update(readings.run(system))
+            elif system == "floor":
+                row.update(floor(model, doc.text))
             elif system == "autoregressive":
                 row.update(autoregressive(model, doc.text, args.max_new_tokens))
             else:
@@ -224,7 +247,7 @@ def main() -> int:
             if "summary" in row:
                 row.update(scores(doc, row["summary"]))
             print(f"{doc.id} {system}: {row.get('seconds', 0):.1f}s cov {row.get('coverage', 0):.0f} "
-                  f"RL {row.get('rougeL', float('nan')):.1f} | {row.get('summary', row.get('skipped'))[:300]!r}",
+                  f"RL {row.get('rougeL', float('nan')):.1f} | {row.get('summary', row.get('skipped', ''))[:300]!r}",
                   flush=True)
             rows.append(row)
     report = {"meta": run_meta(threads=args.threads, checkpoint=args.checkpoint, split=args.split,

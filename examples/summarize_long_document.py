@@ -1,7 +1,8 @@
-"""Summarise one long document from its nuggets, in a small LCEL pipeline.
+"""Summarise one long document from its nuggets, in a LangChain pipeline.
 
     python examples/summarize_long_document.py                 # "Compound statements": 12,346 tokens on 3.11
-    python examples/summarize_long_document.py --mode autoregressive   # the same, read in one left-to-right pass
+    python examples/summarize_long_document.py --reading nuggets        # every nugget read in one decode
+    python examples/summarize_long_document.py --reading autoregressive # the text read left to right in one pass
     python examples/summarize_long_document.py --topic specialnames    # another topic of Python's reference
     python examples/summarize_long_document.py ../shared/data/cnndm-test-250.jsonl --line 17   # a news article
     python examples/summarize_long_document.py report.txt --checkpoint my-checkpoint/
@@ -9,12 +10,12 @@
 The default document is a topic of the language reference that every Python carries offline (`pydoc_data.topics`,
 what `help("if")` shows), so the example runs on a fresh clone with nothing beside it. It is longer than the
 model's 8,192 positions, so the plain model cannot read it whole.
-- compressor mode (default): the document is compressed once into nuggets (about 1 in r tokens; a document longer
-  than the positions is cut into segments, each compressed alone, and their nuggets joined); the decoder then reads
-  only the nuggets and the summary instruction (Dodo paper, Appendix D). The nuggets can be stored and reused.
-- autoregressive mode (paper Sec. 2.2): NuggetStreamLLM reads the whole prompt, document and instruction, left to
-  right; the last `window` tokens stay whole and everything older survives as nuggets, so the instruction is read
-  verbatim after a compressed document.
+- outline, sections, nuggets (integrations/summary_chain.py): the document is cut into sections of up to 512
+  tokens, each compressed once into nuggets (about 1 in r tokens) and stored; the decoder writes a sentence a
+  section from its nuggets (outline), which the frozen model may then combine (sections), or reads every nugget at
+  once (nuggets). A second summary reads the stored nuggets: it compresses nothing.
+- autoregressive (paper Sec. 2.2): NuggetStreamLLM reads the whole prompt, document and instruction, left to
+  right; the last `window` tokens stay whole and everything older survives as nuggets.
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ import sys
 from pathlib import Path
 
 from langchain_core.documents import Document
-from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import RunnableLambda
 
-from nugget_rag import SUMMARY_PROMPT, NuggetLLM, NuggetStreamLLM
+from nugget_rag import NuggetStreamLLM
 from nugget_rag.cli_options import add_checkpoint_option
-from nugget_rag.integrations import load_compressor
+from nugget_rag.integrations import NuggetSummarizer, build_summary_chain, load_compressor
+from nugget_rag.integrations.summary_chain import SUMMARY_OF_DOCUMENT
 
 DEFAULT_TOPIC = "compound"  # "Compound statements": 12,346 tokens on Python 3.11, past the model's 8,192
 
@@ -75,13 +75,11 @@ def main() -> int:
     parser.add_argument("--id", help="which JSONL record, by its id")
     add_checkpoint_option(parser)
     parser.add_argument("--ratio", type=float, help="compression ratio r (default: the model's)")
-    parser.add_argument("--mode", choices=["compressor", "autoregressive"], default="compressor",
-                        help="compress the document, then read its nuggets (default); or read it all in one pass")
-    parser.add_argument("--window", type=int, default=128, help="autoregressive mode: tokens kept whole")
-    parser.add_argument("--max-new-tokens", type=int, default=60)
-    parser.add_argument("--no-repeat-ngram-size", type=int, default=3,
-                        help="never repeat an n-gram of the summary (default 3, as BART's CNN/DailyMail setting; "
-                             "0: plain greedy decoding)")
+    parser.add_argument("--reading", choices=["outline", "sections", "nuggets", "autoregressive"],
+                        default=NuggetSummarizer.model_fields["reading"].default,
+                        help="how the nuggets are read (default: the measured best, BENCHMARKS.md)")
+    parser.add_argument("--window", type=int, default=128, help="autoregressive reading: tokens kept whole")
+    parser.add_argument("--max-new-tokens", type=int, default=160)
     args = parser.parse_args()
 
     if args.path is None:
@@ -96,26 +94,23 @@ def main() -> int:
         print(f"{document.metadata['source']} is empty or whitespace: there is nothing to summarise", file=sys.stderr)
         return 2
 
-    if args.mode == "autoregressive":
+    if args.reading == "autoregressive":
         return summarize_in_one_pass(document, args)
     compressor = load_compressor(args.checkpoint, ratio=args.ratio)
-    llm = NuggetLLM(compressor=compressor, prompt_template=SUMMARY_PROMPT, max_new_tokens=args.max_new_tokens,
-                    no_repeat_ngram_size=args.no_repeat_ngram_size)
-    summarize = (
-        {"documents": compressor, "question": RunnableLambda(lambda _: "")}  # the prompt has no {question}
-        | llm
-        | StrOutputParser()
-    )
-    print(f"Summary of {document.metadata['source']}:\n  ", end="", flush=True)
-    for piece in summarize.stream([document]):
-        print(piece, end="", flush=True)
-    print()
-
-    state = compressor.states([document])[0]  # from the store: not compressed twice
-    positions = compressor.model.max_positions
-    print(f"\nCompression: {state.n} tokens ({state.n / positions:.1f}x the model's {positions} positions) -> "
-          f"{state.k} nuggets (r = {state.n / state.k:.1f}); their keys/values take {state.nbytes / 2**20:.1f} MiB, "
-          f"the whole text's would take {state.nbytes * state.n / state.k / 2**20:.0f} MiB")
+    summarize = build_summary_chain(compressor, reading=args.reading, max_new_tokens=args.max_new_tokens)
+    print(f"Summary of {document.metadata['source']} ({args.reading} reading):\n  ", end="", flush=True)
+    final = None
+    for chunk in summarize.stream([document]):
+        print(chunk.content, end="", flush=True)
+        final = chunk if final is None else final + chunk
+    meta, positions = final.response_metadata, compressor.model.max_positions
+    print(f"\n\nCompression: {meta['n_document_tokens']} tokens ({meta['n_document_tokens'] / positions:.1f}x the "
+          f"model's {positions} positions) in {meta['n_sections']} sections -> {meta['n_nuggets']} nuggets "
+          f"(r = {meta['compression_ratio']:.1f}), in {meta['compress_seconds']:.1f} s; summarised in "
+          f"{meta['decode_seconds']:.1f} s")
+    again = summarize.invoke([document]).response_metadata  # from the store: nothing compressed twice
+    print(f"A second summary read every nugget from the store ({again['cached']}) and took "
+          f"{again['compress_seconds'] + again['decode_seconds']:.1f} s")
     if reference:
         print(f"Reference highlights:\n  {reference.strip().replace(chr(10), chr(10) + '  ')}")
     return 0
@@ -123,9 +118,8 @@ def main() -> int:
 
 def summarize_in_one_pass(document: Document, args: argparse.Namespace) -> int:
     llm = NuggetStreamLLM.from_pretrained(args.checkpoint, reading={"window": args.window, "ratio": args.ratio},
-                                          max_new_tokens=args.max_new_tokens,
-                                          no_repeat_ngram_size=args.no_repeat_ngram_size)
-    prompt = ChatPromptTemplate.from_messages([("user", "{document}\n\n" + SUMMARY_PROMPT)])
+                                          max_new_tokens=args.max_new_tokens, no_repeat_ngram_size=3)
+    prompt = ChatPromptTemplate.from_messages([("user", "{document}\n\n" + SUMMARY_OF_DOCUMENT)])
     print(f"Summary of {document.metadata['source']} (read in one pass):\n  ", end="", flush=True)
     final = None
     for chunk in (prompt | llm).stream({"document": document.page_content}):
