@@ -224,6 +224,8 @@ def main() -> int:
     model = NuggetModel.from_pretrained(args.checkpoint)
     text_systems = [s for s in args.systems if s in TEXT_SYSTEMS]
     baselines = TextBaselines(str(convert_default_model()), args.max_new_tokens) if text_systems else None
+    meta = run_meta(threads=args.threads, checkpoint=args.checkpoint, split=args.split,
+                    documents=[d.id for d in documents], max_new_tokens=args.max_new_tokens)
     rows = []
     for doc in documents:
         n_tokens = len(model.tokenizer(doc.text, add_special_tokens=False)["input_ids"])
@@ -250,10 +252,7 @@ def main() -> int:
                   f"RL {row.get('rougeL', float('nan')):.1f} | {row.get('summary', row.get('skipped', ''))[:300]!r}",
                   flush=True)
             rows.append(row)
-    report = {"meta": run_meta(threads=args.threads, checkpoint=args.checkpoint, split=args.split,
-                               documents=[d.id for d in documents], max_new_tokens=args.max_new_tokens),
-              "rows": rows}
-    write_report(args.out, report, table(rows, args.systems))
+        write_report(args.out, {"meta": meta, "rows": rows}, table(rows, args.systems))  # after each document
     return 0
 
 
