@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from nugget_rag.state.redaction import redacted
 
 from .embeddings import embedding_name
 from .user_store import EngineUnavailable, answering, from_store, unreachable
@@ -87,18 +88,13 @@ class VectorStoreSpec(BaseModel):
             if not unreachable(err):
                 raise
             raise EngineUnavailable(f"the engine of the vector store {self.target!r} does not answer at the address "
-                                    f"its settings give ({redacted(json.dumps(self.kwargs, default=str))}): "
-                                    f"{type(err).__name__}: {err}. "
+                                    f"its settings give ({json.dumps(redacted(self.kwargs), default=str)}): "
+                                    f"{type(err).__name__}: {redacted(str(err))}. "
                                     "Start it, or fix the address in --vectorstore-kwargs") from err
         if not isinstance(store, VectorStore):
             raise ValueError(f"{self.target!r} made a {type(store).__name__}, not a LangChain VectorStore; name a "
                              "VectorStore class, or a function returning one")
         return store
-
-
-def redacted(text: str) -> str:
-    """`text` with the passwords of the URLs in it starred (postgresql://user:***@host)."""
-    return re.sub(r"(://[^:/@\s\"]*:)[^@\s\"]*@", r"\1***@", text)
 
 
 def vectorstore_name(vectorstore: VectorStore | None) -> str:

@@ -205,7 +205,8 @@ def test_an_engine_that_does_not_answer_is_named_with_its_address(compressor, mo
         index.ingest(DOCS[:1])
     assert len(index) == 0
     spec = VectorStoreSpec(target="langchain_qdrant:QdrantVectorStore.construct_instance",
-                           kwargs={"collection_name": "docs", "client_options": {"url": url, "timeout": 2}})
+                           kwargs={"collection_name": "docs", "client_options": {"url": url, "timeout": 2,
+                                                                                 "api_key": "SEKRET123"}})
     with pytest.raises(EngineUnavailable, match=rf"does not answer at the address its settings give .*{url}"):
         spec.build(HashEmbeddings())
     monkeypatch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: compressor)
@@ -213,7 +214,10 @@ def test_an_engine_that_does_not_answer_is_named_with_its_address(compressor, mo
     (tmp_path / "a.txt").write_text(DOCS[0].page_content)
     assert cli.main(["ingest", str(tmp_path / "a.txt"), "--index", str(tmp_path / "index"), "--vectorstore",
                      spec.target, "--vectorstore-kwargs", json.dumps(spec.kwargs)]) == 2
-    assert f"QdrantVectorStore.construct_instance' does not answer at the address its settings give ({json.dumps(spec.kwargs)})" in capsys.readouterr().err
+    shown = {"collection_name": "docs", "client_options": {"url": url, "timeout": 2, "api_key": "***"}}
+    err = capsys.readouterr().err
+    assert f"QdrantVectorStore.construct_instance' does not answer at the address its settings give " \
+           f"({json.dumps(shown)})" in err and "SEKRET123" not in err
 
 
 @pytest.mark.parametrize("engine", ["pgvector"], indirect=True)

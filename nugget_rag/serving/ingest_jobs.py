@@ -29,6 +29,7 @@ from collections.abc import Callable
 from langchain_core.documents import Document
 
 from ..cancellation import Stop
+from ..state.redaction import redacted
 from .job_records import IngestJob, JobRecords
 
 log = logging.getLogger(__name__)
@@ -294,7 +295,7 @@ class IngestJobs:
             except Exception as err:  # the job fails, the server goes on
                 if job.status == "running":
                     log.error("ingest job %s failed", job.id, exc_info=err)
-                outcome, error = "failed", f"{type(err).__name__}: {err}"
+                outcome, error = "failed", f"{type(err).__name__}: {redacted(str(err))}"
             with self.lock:
                 if job.status == "running" and self._owns(job):
                     job.status, job.error, job.finished = outcome, error, time.time()
