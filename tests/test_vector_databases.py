@@ -113,8 +113,8 @@ def test_save_load_and_prune_with_the_same_store(engine, index, tmp_path):
 def test_reopening_with_another_collection_or_store_is_refused(engine, index, tmp_path):
     saved = index.save(tmp_path / "index")
     other = engine.store(HashEmbeddings(), "other")
-    refusal = r"lacks chunks of the index" if engine.name == "chroma" else (  # Chroma names no collection
-        r"keeps its vectors in the collection '.*docs' of its \w+, not in '.*other'; open it with collection_name=")
+    assert json.loads((saved / "index.json").read_text())["collection"].endswith("docs")  # Chroma's too
+    refusal = r"keeps its vectors in the collection '.*docs' of its \w+, not in '.*other'; open it with collection_name="
     with pytest.raises(ValueError, match=refusal):
         NuggetIndex.load(saved, index.compressor, vectorstore=other)
     with pytest.raises(ValueError, match=r"keeps its vectors in the vector store .*, not in a "
@@ -246,6 +246,20 @@ def test_a_postgres_that_does_not_start_or_lacks_pgvector_is_an_error_not_a_skip
                                  "cleanup": lambda self: None})()
     monkeypatch.setattr(pgserver, "get_server", lambda *args, **kwargs: server)
     assert "could not create the pgvector extension (CREATE EXTENSION vector)" in cluster_error(tmp_path)
+
+
+@pytest.mark.parametrize("engine", ["chroma"], indirect=True)
+def test_a_chroma_index_saved_before_its_collection_was_recorded_keeps_its_ids(engine, compressor, tmp_path):
+    """Its manifest records the collection None, and its chunks' ids were derived from None: both hold on load."""
+    old = NuggetIndex(compressor, vectorstore=engine.store(HashEmbeddings(), "old"), chunk_tokens=64)
+    old.collection = None  # as store_collection read a Chroma store before
+    old.ingest(DOCS)
+    saved = old.save(tmp_path / "index")
+    assert json.loads((saved / "index.json").read_text())["collection"] is None
+    loaded = NuggetIndex.load(saved, compressor, vectorstore=engine.store(HashEmbeddings(), "old"))
+    assert loaded.collection is None and loaded.ids == old.ids
+    birds = chunks_of(loaded, "birds.txt")
+    assert loaded.delete(birds) == len(birds) and engine.held("old") == len(loaded)
 
 
 @pytest.mark.parametrize("engine", ["pgvector"], indirect=True)
