@@ -259,7 +259,7 @@ def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | 
     put(store, pending_key(name), json.dumps(list(writes)).encode())
     record_bytes = record.model_dump_json().encode()
     pointer = Pointer(version=version, sha256=_sha256(record_bytes), kept=kept,
-                      retired=[v for v in earlier if v not in kept])
+                      retired=[v for v in earlier if v not in kept], keep_versions=options.keep_versions)
     pointer_bytes = pointer.model_dump_json().encode()
     try:
         for sha, data in writes.items():
