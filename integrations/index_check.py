@@ -34,7 +34,7 @@ from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.state.store import NuggetStore
 
 from .index_files import IndexFileError
-from .index_publishing import PublishOptions, commit_version, publish_lock
+from .index_publishing import PublishOptions, commit_version
 from .index_segments import (
     PREFIX,
     Pointer,
@@ -54,6 +54,7 @@ from .index_segments import (
     segment_key,
     version_key,
 )
+from .publish_lock import publish_lock
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from nugget_rag.components.llm import NuggetLLM
 from nugget_rag.integrations import build_qa_chain, index_publishing
 from nugget_rag.integrations.index_check import check_index
 from nugget_rag.integrations.index_segments import DamagedIndexError, Pointer, pointer_key, segment_key, version_key
+from nugget_rag.integrations.publish_lock import publish_lock
 from nugget_rag.integrations.published_index import PublishedIndex
 from nugget_rag.serving.job_records import JobRecords
 
@@ -329,7 +330,7 @@ def test_repair_while_another_publisher_holds_the_lock_refuses_by_name(model, re
     held, release = threading.Event(), threading.Event()
 
     def publisher():
-        with index_publishing.publish_lock(writer.compressor.store, "default"):
+        with publish_lock(writer.compressor.store, "default"):
             held.set()
             release.wait(30)
 
