@@ -77,6 +77,15 @@ def test_a_url_prints_no_secret_in_its_userinfo_or_query(url, shown):
     assert redacted(f"could not connect to '{url}'.") == f"could not connect to '{shown}'."
 
 
+def test_starring_keeps_the_text_around_a_url_and_twice_is_once():
+    """The CLI stars a message already starred (its settings as JSON): the JSON's quotes and braces stay."""
+    text = json.dumps({"connection": f"postgresql+psycopg://app@db/x?password={SECRET}"}) + "): refused."
+    once = redacted(text)
+    assert once == '{"connection": "postgresql+psycopg://***@db/x?password=***"}): refused.' and redacted(once) == once
+    assert redacted(f'{{"a":"http://u:{SECRET}@h","b":"redis://:{SECRET}@h:1/0"}}') == \
+        '{"a":"http://u:***@h","b":"redis://:***@h:1/0"}'
+
+
 def test_a_connection_string_and_a_nested_list_print_no_secret():
     settings = {"dsn": f"host=db password={SECRET} dbname=docs", "replicas": [{"token": SECRET, "port": 1}]}
     assert redacted(settings) == {"dsn": "host=db password=*** dbname=docs", "replicas": [{"token": "***", "port": 1}]}

@@ -22,7 +22,9 @@ STARS = "***"
 # anywhere in the name, its separators removed
 SUBSTRINGS = ("password", "passwd", "secret", "credential", "apikey", "privatekey")
 ENDINGS = ("token", "auth", "authorization", "pwd")  # a word of the name ending so (not max_tokens, author)
-QUOTES = "\"'`()[]{}<>,;."  # around a URL in a message (and a sentence's full stop)
+QUOTES = "\"'`()[]{}<>,;."  # around a name=value word in a message (and a sentence's full stop)
+URL_END = "\"'`<>{}\\^|"  # what a URL does not hold unencoded: where one in a message ends
+TRAILING = ".,;:)!?"  # a sentence's punctuation after a URL
 
 
 def secret_name(name: str) -> bool:
@@ -47,17 +49,24 @@ def redacted(value: Any) -> Any:
 
 
 def _word(word: str) -> str:
-    """One whitespace-free word of a text: a URL (maybe quoted) or `name=value` with its secrets starred."""
-    core = word.strip(QUOTES)
-    if not core:
-        return word
-    start = word.index(core)
-    if "://" in core:
-        clean = _url(core)
-    else:
+    """One whitespace-free word of a text with its secrets starred: each URL in it (from its scheme to the first
+    character a URL does not hold, less a sentence's punctuation), else a `name=value`."""
+    if "://" not in word:
+        core = word.strip(QUOTES)
         name, equals, _ = core.partition("=")
-        clean = f"{name}={STARS}" if equals and secret_name(name) else core
-    return word[:start] + clean + word[start + len(core):]
+        if not (equals and secret_name(name)):
+            return word
+        start = word.index(core)
+        return word[:start] + f"{name}={STARS}" + word[start + len(core):]
+    done, rest = "", word
+    while (found := rest.find("://")) >= 0:
+        start = found
+        while start > 0 and (rest[start - 1].isalnum() or rest[start - 1] in "+.-"):
+            start -= 1
+        end = next((i for i in range(found + 3, len(rest)) if rest[i] in URL_END), len(rest))
+        url = rest[start:end].rstrip(TRAILING)
+        done, rest = done + rest[:start] + _url(url), rest[start + len(url):]
+    return done + rest
 
 
 def _url(url: str) -> str:
