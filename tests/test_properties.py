@@ -1,5 +1,6 @@
 """Bad input tried at scale (hypothesis): arbitrary HTTP bodies, NuggetState bytes, published records and segments,
-and texts to chunk get a 4xx or a named error, never a 500, a hang or a changed store. Example counts are kept
+and texts to chunk get a 4xx or a named error, never a 500, a hang or a changed store; a secret in a URL is never
+printed. Example counts are kept
 modest (EXAMPLES) so that the suite stays fast; each suite's count is its `max_examples`."""
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from nugget_rag.integrations.index_segments import (
     version_key,
 )
 from nugget_rag.state import CorruptStateError, NuggetState
+from nugget_rag.state.redaction import redacted
 
-EXAMPLES = {"http": 40, "state": 150, "index": 150, "chunking": 60}
+EXAMPLES = {"http": 40, "state": 150, "index": 150, "chunking": 60, "secrets": 100}
 QUICK = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
@@ -226,3 +228,18 @@ def test_a_document_without_its_text_is_a_422_naming_the_field(served, path):
 def test_a_chunk_of_repeated_text_starts_where_it_adds_text():
     chunks = split_documents(token_splitter(TOKENIZER, 4, 0), [Document(page_content="00000")])
     assert [(c.page_content, c.metadata["start_index"]) for c in chunks] == [("0000", 0), ("0", 4)]
+
+
+# ---------------------------------------------------------------------------------------------- secrets printed
+SECRET_TEXT = st.text(alphabet="abcdefghXYZ0123456789@:!$*-_~", min_size=6, max_size=16)
+
+
+@settings(QUICK, max_examples=EXAMPLES["secrets"])
+@given(SECRET_TEXT, st.sampled_from(["password", "api_key", "token", "secret"]), st.text(max_size=12),
+       st.sampled_from(['{"connection": "%s"}', "could not reach %s.", "at '%s': refused", "%s"]))
+def test_a_secret_in_a_url_is_never_printed(secret, name, noise, shape):
+    url = f"postgresql+psycopg://app:{secret}@db.example:5432/docs?sslmode=require&{name}={secret}"
+    text = noise + " " + shape % url
+    shown = redacted(text)
+    assert secret not in shown.replace(noise, "") and redacted(shown) == shown
+    assert redacted({"settings": {name: secret, "url": url}}) == {"settings": {name: "***", "url": redacted(url)}}
