@@ -193,6 +193,8 @@ BODIES = {
         optional={"max_tokens": SMALL, "stream": JSON, "k": SMALL, "temperature": JSON}),
     "/ingest": st.fixed_dictionaries({"documents": st.one_of(st.lists(DOCUMENT, max_size=3), JSON)}),
     "/compress": st.fixed_dictionaries({"documents": st.one_of(st.lists(DOCUMENT, max_size=3), JSON)}),
+    "/summarize": st.fixed_dictionaries({"documents": st.one_of(st.lists(DOCUMENT, max_size=2), JSON)}, optional={
+        "max_new_tokens": SMALL, "reading": st.one_of(st.sampled_from(["sections", "nuggets"]), JSON)}),
     # never a valid job, which would change the store in the background: no "documents" key
     "/ingest/jobs": JSON.filter(lambda v: not (isinstance(v, dict) and "documents" in v)),
 }
