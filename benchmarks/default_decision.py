@@ -10,6 +10,10 @@ measure is a (task, system, ratio, data file) of the runs, each item scored per 
 sentence BLEU), pooled over runs of the same measure (a question drawn by two seeds counts once) and compared on the
 items both folders scored: the paired difference candidate - baseline, mean ± standard error. Beyond noise is two
 standard errors. A run on a test part is refused: choosing a default is tuning, and tuning reads dev parts only.
+
+The decision records the sha256 of the weights each folder scored (the harness's `setup.weights_sha256`, its first 16
+hex digits), which scripts/ship_default.py checks; a folder whose runs scored different weights is refused, never
+pooled.
 """
 
 from __future__ import annotations
@@ -38,6 +42,13 @@ class Measure(NamedTuple):
         return f"{self.task} {ratio} ({self.system}, {self.source})"
 
 
+class Folder(NamedTuple):
+    """One checkpoint's runs: measure -> item id -> prediction, and the digest of the weights they scored."""
+
+    measures: dict[Measure, dict[str, dict]]
+    weights_sha256: str
+
+
 def item_score(record: dict) -> float:
     """One prediction's score: autoencoding's sentence BLEU, else whether the answer is right (0 or 100)."""
     if record["task"] == "autoencoding":
@@ -52,12 +63,23 @@ def corpus_score(records: list[dict]) -> float:
     return sum(item_score(r) for r in records) / len(records)
 
 
-def read_folder(folder: Path) -> dict[Measure, dict[str, dict]]:
-    """Measure -> item id -> prediction, from every run in `folder`; a run on a test part is refused by name."""
+def run_weights(summary: Path, tasks: dict) -> str:
+    """The digest of the nugget weights the run `summary` scored (its tasks' setup.weights_sha256[0])."""
+    digests = {((task.get("setup") or {}).get("weights_sha256") or [None])[0] for task in tasks.values()} or {None}
+    if len(digests) != 1 or None in digests:
+        raise SystemExit(f"{summary} records {'no digest' if None in digests else 'several digests'} of the nugget "
+                         "weights it scored (setup.weights_sha256): score it again with scripts/score_candidate.sh")
+    return digests.pop()
+
+
+def read_folder(folder: Path) -> Folder:
+    """Measure -> item id -> prediction, from every run in `folder`, and the weights they scored; a run on a test
+    part, and runs of different weights, are refused by name."""
     runs = sorted(folder.glob("*-predictions.jsonl"))
     if not runs:
         raise SystemExit(f"{folder} holds no harness runs (NAME-predictions.jsonl): run scripts/score_candidate.sh")
     measures: dict[Measure, dict[str, dict]] = {}
+    weights: dict[str, list[str]] = {}  # digest -> the runs that scored it
     for path in runs:
         summary = path.with_name(path.name.removesuffix("-predictions.jsonl") + ".json")
         tasks = json.loads(summary.read_text())["tasks"] if summary.is_file() else {}
@@ -72,11 +94,17 @@ def read_folder(folder: Path) -> dict[Measure, dict[str, dict]]:
             ratio = None if record.get("ratio") is None else float(record["ratio"])
             measure = Measure(record["task"], record["system"], ratio, Path(tasks[record["task"]]["source"]).name)
             measures.setdefault(measure, {})[str(record["id"])] = record
-    return measures
+        weights.setdefault(run_weights(summary, tasks), []).append(summary.name)
+    if len(weights) > 1:
+        raise SystemExit(f"{folder} holds runs of different weights, which are never pooled: "
+                         + "; ".join(f"{', '.join(names)} scored {digest}" for digest, names in weights.items())
+                         + "; keep one checkpoint's runs in a folder (scripts/score_candidate.sh CHECKPOINT OUT_DIR)")
+    return Folder(measures, next(iter(weights)))
 
 
-def decide(baseline: dict[Measure, dict[str, dict]], candidate: dict[Measure, dict[str, dict]]) -> dict:
-    """Each shared measure's scores and paired difference, its verdict, and the decision."""
+def decide(baseline_runs: Folder, candidate_runs: Folder) -> dict:
+    """Each shared measure's scores and paired difference, its verdict, the decision, and the weights it is about."""
+    baseline, candidate = baseline_runs.measures, candidate_runs.measures
     rows = []
     for measure in sorted(set(baseline) & set(candidate), key=lambda m: (m.task, m.source, -(m.ratio or 0))):
         ids = sorted(set(baseline[measure]) & set(candidate[measure]))
@@ -96,7 +124,8 @@ def decide(baseline: dict[Measure, dict[str, dict]], candidate: dict[Measure, di
                          "win: run scripts/score_candidate.sh squad-s0 squad-s1 squad-s2 for both")
     missing = [str(m) for m in sorted(set(baseline) - set(candidate), key=str)]  # a measure not run is no hold
     ships = not missing and all(row["verdict"] in ("wins", "holds") for row in rows)
-    return {"rows": rows, "missing": missing, "ships": ships}
+    weights = {"baseline": baseline_runs.weights_sha256, "candidate": candidate_runs.weights_sha256}
+    return {"rows": rows, "missing": missing, "ships": ships, "weights_sha256": weights}
 
 
 def table(result: dict, names: tuple[str, str]) -> str:
@@ -109,7 +138,10 @@ def table(result: dict, names: tuple[str, str]) -> str:
     if result["missing"]:
         decision = (f"is not decided: the baseline's {', '.join(result['missing'])} has no candidate run beside it "
                     "(run scripts/score_candidate.sh for it); the default stays until then")
-    return "\n".join(lines) + f"\n\nDecision ({NOISE:g} standard errors): the candidate {decision}.\n"
+    weights = result["weights_sha256"]
+    return "\n".join(lines) + (f"\n\nDecision ({NOISE:g} standard errors): the candidate {decision}.\n\nWeights scored "
+                              f"(sha256, first 16 hex digits): {names[0]} {weights['baseline']}, {names[1]} "
+                              f"{weights['candidate']}.\n")
 
 
 def main() -> int:

@@ -81,6 +81,18 @@ def token_splitter(tokenizer: PreTrainedTokenizerBase, chunk_tokens: int, chunk_
     return TokenSplitter(tokenizer, chunk_tokens, chunk_overlap)
 
 
+def chunk_start(text: str, chunk: str, start: int, end: int) -> int:
+    """Where `chunk` begins in `text`: the first place from `start` (past the previous chunk's start) where it
+    reaches beyond `end` (the previous chunk's end: each chunk adds text, so "0000" then "0" in "00000" is the
+    fifth "0", not the second), else the first from `start`, else anywhere; -1 if it is not in `text`."""
+    found = text.find(chunk, start)
+    while found >= 0 and found + len(chunk) <= end:
+        found = text.find(chunk, found + 1)
+    if found < 0:
+        found = text.find(chunk, start)
+    return found if found >= 0 else text.find(chunk)
+
+
 def split_documents(splitter: TextSplitter, documents: Sequence[Document]) -> list[Document]:
     """The chunks `splitter` cuts `documents` into, each with a deterministic id and `chunk`/`start_index` metadata.
 
@@ -91,14 +103,13 @@ def split_documents(splitter: TextSplitter, documents: Sequence[Document]) -> li
     for doc in documents:
         source = str(doc.metadata.get("source") or doc.id or "")
         label = source or "sha256:" + hashlib.sha256(doc.page_content.encode()).hexdigest()[:16]
-        start = 0
+        start = end = 0
         for i, chunk in enumerate(splitter.split_documents([doc])):
             if not chunk.page_content.strip():
                 continue
             # the splitter's own add_start_index mixes token overlap with character offsets: find it here
-            found = doc.page_content.find(chunk.page_content, start)
-            found = found if found >= 0 else doc.page_content.find(chunk.page_content)
-            start = found + 1 if found >= 0 else start
+            found = chunk_start(doc.page_content, chunk.page_content, start, end)
+            start, end = (found + 1, found + len(chunk.page_content)) if found >= 0 else (start, end)
             chunk.metadata.update(source=label, chunk=i, start_index=found)
             chunk.id = chunk_id(source, chunk.page_content)
             chunks.append(chunk)

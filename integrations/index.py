@@ -295,6 +295,7 @@ class NuggetIndex:
             index.adopt([docs[i] for i in order], load_faiss(directory, manifest, index.embeddings, docs, order))
         else:
             index.store_ids = manifest.get("store_ids", CHUNK_IDS)  # an index saved before UUIDs: its chunks' ids
+            index.collection = manifest.get("collection", index.collection)  # its ids' collection, as recorded
             check_holds(index.user_vectorstore, directory, dict(zip(index.store_ids_of(order), order)))
             index.adopt([docs[i] for i in order], None, manifest.get("dimension"))
         return index

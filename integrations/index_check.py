@@ -11,7 +11,11 @@ warning: it is compressed again when first read). It changes nothing.
 The repair takes the publish lock, then writes each missing or altered segment again from a verified copy: a local
 segment cache, or the same chunks held intact by another version's segments. Where no copy is left, it publishes a
 consistent version without the lost segments (their chunks' sources, which the record lists, are named so that they
-can be ingested again) and retires the broken versions. Nothing here runs code read from the store.
+can be ingested again) and retires the broken versions. A current record that is not the one its pointer names
+(altered) but still parses is rebuilt from its segments that verify (each is named by its sha256, so the chunks are
+the ones published); a record that does not parse is replaced by the newest intact one, the sources of the chunks
+only it held named from whatever of it still reads as JSON. The repair keeps the index's own `keep_versions` (its
+pointer's). Nothing here runs code read from the store.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.state.store import NuggetStore
 
 from .index_files import IndexFileError
-from .index_publishing import PublishOptions, commit_version, publish_lock
+from .index_publishing import PublishOptions, commit_version
 from .index_segments import (
     PREFIX,
+    Pointer,
     SegmentCache,
     SegmentRef,
     VersionRecord,
@@ -47,7 +52,9 @@ from .index_segments import (
     read_record,
     redis_key,
     segment_key,
+    version_key,
 )
+from .publish_lock import publish_lock
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +105,8 @@ class _Scan:
         self.broken: dict[int, list[str]] = {}  # version -> what is wrong with it
         self.bad: dict[str, str] = {}  # segment sha256 -> "missing" or "altered"
         self.decoded: dict[str, tuple[list[Document], np.ndarray]] = {}  # intact segments by sha256
+        self.unverified: dict[int, VersionRecord] = {}  # records that parse but are not the ones their pointer names
+        self.named: dict[int, list[str]] = {}  # sources a record that does not parse still names
         found = read_pointer(store, check_name(name))
         if found is None:
             named = sorted(i.split("/", 1)[1] for i in store.indexes() if i.startswith(f"{PREFIX}/"))
@@ -119,22 +128,47 @@ class _Scan:
             return
         except IndexFileError as err:
             self.broken[version] = [f"version {version}: {err}"]
+            self._read_damaged(version)
             return
         self.records[version] = record
         ids: set[str] = set()
         for ref in record.segments:
-            key = segment_key(self.name, ref.sha256)
             if ref.sha256 not in self.decoded and ref.sha256 not in self.bad:
                 self._check_segment(ref, record)
             if ref.sha256 in self.bad:
-                sources = f" ({ref.count} chunks from {', '.join(ref.sources[:3])}" \
-                          f"{', ...' if len(ref.sources) > 3 else ''})" if ref.sources else f" ({ref.count} chunks)"
-                self.broken.setdefault(version, []).append(
-                    f"version {version}: {key} is {self.bad[ref.sha256]}{sources}")
+                self.broken.setdefault(version, []).append(self._segment_problem(version, ref))
             else:
                 ids |= {d.id for d in self.decoded[ref.sha256][0]}
         if version not in self.broken and len(ids) != record.count:
             self.broken[version] = [f"version {version}: {record.count} chunks listed, {len(ids)} distinct ids"]
+        if version == self.pointer.version:
+            self.report.version, self.report.chunks, self.report.segments = version, record.count, len(record.segments)
+
+    def _segment_problem(self, version: int, ref: SegmentRef) -> str:
+        sources = f" ({ref.count} chunks from {', '.join(ref.sources[:3])}{', ...' if len(ref.sources) > 3 else ''})" \
+            if ref.sources else f" ({ref.count} chunks)"
+        return f"version {version}: {segment_key(self.name, ref.sha256)} is {self.bad[ref.sha256]}{sources}"
+
+    def _read_damaged(self, version: int) -> None:
+        """Read the record of `version`, which failed its checks, as far as it goes: a VersionRecord of this name
+        and version (its segments checked, and what a repair can do said), else the sources its JSON names."""
+        data = get(self.store, version_key(self.name, version))
+        try:
+            record = VersionRecord.model_validate_json(data or b"")
+        except ValueError:
+            record = None
+        if record is None or (record.name, record.version) != (self.name, version):
+            self.named[version] = named_sources(data)
+            return
+        self.unverified[version] = record
+        for ref in record.segments:
+            if ref.sha256 not in self.decoded and ref.sha256 not in self.bad:
+                self._check_segment(ref, record)
+        whole = sum(ref.sha256 in self.decoded for ref in record.segments)
+        self.broken[version][0] += (f" (it still parses, and {whole} of its {len(record.segments)} segments verify: "
+                                    "--repair rebuilds it from them)")
+        self.broken[version] += [self._segment_problem(version, ref) for ref in record.segments
+                                 if ref.sha256 in self.bad]
         if version == self.pointer.version:
             self.report.version, self.report.chunks, self.report.segments = version, record.count, len(record.segments)
 
@@ -167,7 +201,7 @@ class _Scan:
         for cache in caches:
             if (data := cache.get(ref.sha256)) is not None:
                 return data, f"the segment cache {cache.directory}"
-        record = self.records[version]
+        record = self.records.get(version) or self.unverified[version]
         start = sum(r.count for r in record.segments[:record.segments.index(ref)])
         for other, held in self.records.items():
             chunks, vectors = self.held(held)
@@ -187,6 +221,15 @@ class _Scan:
             chunks += found[0] if found else [None] * ref.count
             vectors += list(found[1]) if found else [None] * ref.count
         return chunks, vectors
+
+
+def named_sources(data: bytes | None) -> list[str]:
+    """The sources a record that does not parse as a VersionRecord still names, where it reads as JSON (else none)."""
+    try:
+        refs = json.loads(data or b"")["segments"]
+        return list(dict.fromkeys(str(source) for ref in refs for source in ref.get("sources", [])))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return []
 
 
 def present(store: NuggetStore, keys: Sequence[str]) -> list[bool]:
@@ -216,7 +259,7 @@ def repair_index(store: NuggetStore, name: str = "default", caches: Sequence[Pat
     actions: list[str] = []
     with publish_lock(store, check_name(name), wait_s) as lock:
         scan = _Scan(store, name)
-        for version, record in sorted(scan.records.items()):
+        for version, record in sorted({**scan.unverified, **scan.records}.items()):
             for ref in record.segments:
                 if ref.sha256 in scan.bad and (copy := scan.copy_of(ref, version, caches)) is not None:
                     put(store, segment_key(name, ref.sha256), copy[0])
@@ -233,11 +276,19 @@ def repair_index(store: NuggetStore, name: str = "default", caches: Sequence[Pat
     return scan.report
 
 
+def keep_versions(pointer: Pointer) -> int:
+    """The versions the index keeps (PublishOptions.keep_versions), as its pointer records them (a pointer written
+    before it recorded them: those it keeps, and the current one)."""
+    return pointer.keep_versions or len(pointer.kept) + 1
+
+
 def _publish_consistent(store: NuggetStore, name: str, scan: _Scan, lock: Any) -> tuple[list[str], str]:
-    """Publish the newest version's intact segments as a new version, retiring every broken one; the lost chunks'
-    sources, and what was done."""
+    """Publish the current version's intact segments as a new version (its record rebuilt where it parses but is
+    altered; else the newest intact record's), retiring every broken one; the lost chunks' sources, and what was
+    done."""
     pointer, intact_versions = scan.pointer, [v for v in scan.records if v not in scan.broken]
-    base = scan.records.get(pointer.version) or (scan.records[max(intact_versions)] if intact_versions else None)
+    base = scan.records.get(pointer.version) or scan.unverified.get(pointer.version) or (
+        scan.records[max(intact_versions)] if intact_versions else None)
     if base is None:
         raise IndexFileError(f"no version of the index {name!r} in {describe(store)} has a record left: nothing to "
                              "publish from; ingest its documents again under a new name (or delete its keys)")
@@ -247,15 +298,21 @@ def _publish_consistent(store: NuggetStore, name: str, scan: _Scan, lock: Any) -
     manifest = {**base.manifest, "count": count}
     record = VersionRecord(name=name, version=pointer.version + 1, count=count, dimension=base.dimension,
                            manifest=manifest, segments=kept)
-    commit_version(store, PublishOptions(name=name), pointer, record, {}, lock, broken=list(scan.broken))
+    options = PublishOptions(name=name, keep_versions=keep_versions(pointer))
+    commit_version(store, options, pointer, record, {}, lock, broken=list(scan.broken))
     sources = list(dict.fromkeys(s for ref in lost for s in ref.sources))
     unnamed = sum(ref.count for ref in lost if not ref.sources)
     if unnamed:
         sources.append(f"({unnamed} chunks whose sources an earlier version's record did not list)")
     if base.version != pointer.version:
-        sources.append(f"(whatever was ingested after version {base.version}: version {pointer.version}'s record "
-                       "is lost)")
+        held = {s for ref in base.segments for s in ref.sources}
+        named = [s for s in scan.named.get(pointer.version, []) if s not in held]
+        sources += named or [f"(whatever was ingested after version {base.version}: version {pointer.version}'s "
+                             "record is lost)"]
     dropped = f"without {sum(ref.count for ref in lost)} lost chunks" if lost else "from the last intact record"
+    if pointer.version in scan.unverified:
+        dropped = (f"from version {pointer.version}'s altered record, rebuilt from its {len(kept)} segments that "
+                   f"verify{f' (without {sum(ref.count for ref in lost)} lost chunks)' if lost else ''}")
     log.warning("published version %d of %r in %s %s, retiring versions %s", record.version, name, describe(store),
                 dropped, json.dumps(sorted(scan.broken)))
     return sources, (f"published version {record.version} ({count} chunks) {dropped}, retiring the broken versions "

@@ -9,7 +9,7 @@ crashes before the pointer leaves the previous version current and whole.
 The pointer keeps the `keep_versions - 1` versions before the current one, so that a reader still loading one finds
 it whole; older versions, and the segments only they list, are removed once the pointer has moved on. Publishers take
 turns under a lock: Redis's (a key that expires, should its holder die), a file lock beside a directory store, or a
-lock of this process for any other ByteStore.
+lock of this process for any other ByteStore (publish_lock.py).
 """
 
 from __future__ import annotations
@@ -17,21 +17,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
-from filelock import FileLock, Timeout
 from langchain_core.documents import Document
 from pydantic import BaseModel, Field, field_validator
 
 from nugget_rag.cancellation import check
-from nugget_rag.state.store import NuggetStore, StoreUnavailableError
+from nugget_rag.state.store import NuggetStore
 
 from .faiss_store import faiss_vectors
 from .index import NuggetIndex
+from .index_files import IndexFileError
 from .index_segments import (
-    PREFIX,
     Pointer,
     SegmentCache,
     SegmentRef,
@@ -54,13 +51,10 @@ from .index_segments import (
     version_key,
 )
 from .index_verify import check_sizes, verify_listed
+from .publish_lock import PublishLock
 
 log = logging.getLogger(__name__)
 
-LOCK_TTL_S = 600  # a Redis lock whose holder died is free after this long
-LOCK_POLL_S = 0.5  # how often a wait for another publisher checks whether its request was cancelled
-_LOCAL_LOCKS: dict[tuple[int, str], threading.Lock] = {}
-_LOCAL_LOCKS_GUARD = threading.Lock()
 
 
 Published = tuple[bytes, Pointer, VersionRecord]  # a version published: its pointer (bytes and value) and record
@@ -86,109 +80,11 @@ class PublishOptions(BaseModel):
         return check_name(value)
 
 
-class PublishLockLost(RuntimeError):
-    """The publish lock expired (its holder took longer than LOCK_TTL_S) before the publish committed."""
-
-
-class _RedisLock:
-    def __init__(self, store: NuggetStore, name: str):
-        key = f"{store.location.namespace}/{PREFIX}/{name}/lock"
-        self.lock = store.redis_client.lock(key, timeout=LOCK_TTL_S, sleep=0.05)
-        self.where = f"{key} in {describe(store)}"
-
-    def acquire(self, timeout: float) -> bool:
-        from redis.exceptions import RedisError
-
-        try:
-            return bool(self.lock.acquire(blocking=True, blocking_timeout=timeout))
-        except RedisError as err:
-            raise StoreUnavailableError(f"could not take the publish lock {self.where}: {err}; start the server or "
-                                        "fix the store's URL") from err
-
-    def confirm(self) -> None:
-        from redis.exceptions import LockError
-
-        try:
-            self.lock.reacquire()
-        except LockError as err:
-            raise PublishLockLost(f"the publish lock {self.where} expired after {LOCK_TTL_S} s, and another publisher "
-                                  "may hold it: nothing was published; ingest again") from err
-
-    def release(self) -> None:
-        from redis.exceptions import LockError
-
-        try:
-            self.lock.release()
-        except LockError:
-            log.warning("the publish lock %s had expired when it was released", self.where)
-
-
-class _FileLock:
-    def __init__(self, store: NuggetStore, name: str):
-        self.lock = FileLock(store.location.directory / f"{PREFIX}-{name}.lock")
-
-    def acquire(self, timeout: float) -> bool:
-        try:
-            self.lock.acquire(timeout=timeout)
-        except Timeout:
-            return False
-        return True
-
-    def confirm(self) -> None:
-        pass
-
-    def release(self) -> None:
-        self.lock.release()
-
-
-class _ProcessLock(_FileLock):
-    def __init__(self, store: NuggetStore, name: str):
-        with _LOCAL_LOCKS_GUARD:
-            self.thread_lock = _LOCAL_LOCKS.setdefault((id(store.byte_store), name), threading.Lock())
-
-    def acquire(self, timeout: float) -> bool:
-        return self.thread_lock.acquire(timeout=timeout)
-
-    def release(self) -> None:
-        self.thread_lock.release()
-
-
-class PublishLockBusy(TimeoutError):
-    """Another publisher held the lock longer than the wait given."""
-
-
-@contextmanager
-def publish_lock(store: NuggetStore, name: str, wait_s: float | None = None) -> Iterator[_RedisLock | _FileLock]:
-    """Hold the lock of the index `name` in `store`, waiting (and logging that) while another publisher holds it, at
-    most `wait_s` seconds (None: as long as it takes; then PublishLockBusy); a cancelled request (cancellation.py)
-    stops waiting."""
-    location = store.location
-    if location is not None and location.is_redis:
-        lock: _RedisLock | _FileLock = _RedisLock(store, name)
-    elif location is not None:
-        lock = _FileLock(store, name)
-    else:
-        lock = _ProcessLock(store, name)
-    if not lock.acquire(0):
-        log.warning("another process is publishing the index %r in %s; waiting for it to finish", name,
-                    describe(store))
-        waited = 0.0
-        while not lock.acquire(LOCK_POLL_S):
-            check()
-            waited += LOCK_POLL_S
-            if wait_s is not None and waited >= wait_s:
-                raise PublishLockBusy(f"another process has held the publish lock of the index {name!r} in "
-                                      f"{describe(store)} for over {wait_s:g} s, and still does; nothing was changed: "
-                                      "try again once it has published, or wait longer")
-    try:
-        yield lock
-    finally:
-        lock.release()
 
 
 # ---------------------------------------------------------------------------------------------- publishing
 def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Pointer, VersionRecord] | None,
-                    index: NuggetIndex, appended_from: int, lock: _RedisLock | _FileLock, compact: bool = False,
+                    index: NuggetIndex, appended_from: int, lock: PublishLock, compact: bool = False,
                     cache: SegmentCache | None = None, committed: Committed | None = None) -> Published:
     """Publish `index` (its own FAISS) as the version after `base` (the current one, None: the first), under `lock`.
     Its first `appended_from` chunks are `base`'s, whose segments it keeps (0: every segment is written anew); the
@@ -237,7 +133,7 @@ def publish_version(store: NuggetStore, options: PublishOptions, base: tuple[Poi
 
 
 def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | None, record: VersionRecord,
-                   writes: dict[str, bytes], lock: _RedisLock | _FileLock, cache: SegmentCache | None = None,
+                   writes: dict[str, bytes], lock: PublishLock, cache: SegmentCache | None = None,
                    broken: Sequence[int] = (), committed: Committed | None = None,
                    held: VersionRecord | None = None) -> Published:
     """Write the segments `writes` (by sha256), then `record`, then the pointer to it (the commit), keeping the
@@ -255,11 +151,11 @@ def commit_version(store: NuggetStore, options: PublishOptions, base: Pointer | 
     kept = whole[len(whole) - (options.keep_versions - 1):] if options.keep_versions > 1 else []
     listed = {ref.sha256 for ref in record.segments}
     check_sizes(store, options.segment_bytes, record, writes)
-    _remove_pending(store, name, base)
+    _remove_pending(store, name, base, held)
     put(store, pending_key(name), json.dumps(list(writes)).encode())
     record_bytes = record.model_dump_json().encode()
     pointer = Pointer(version=version, sha256=_sha256(record_bytes), kept=kept,
-                      retired=[v for v in earlier if v not in kept])
+                      retired=[v for v in earlier if v not in kept], keep_versions=options.keep_versions)
     pointer_bytes = pointer.model_dump_json().encode()
     try:
         for sha, data in writes.items():
@@ -351,15 +247,17 @@ def _forget_writes(store: NuggetStore, name: str, base: Pointer | None) -> None:
     """After a publish failed before its commit: remove the segments it wrote (but those a kept version lists), and
     its pending record, where the store lets; what stays is removed by the next publish."""
     try:
-        _remove_pending(store, name, None if base is None else (base, read_record(store, name, base.version)))
+        _remove_pending(store, name, base)
         delete(store, [pending_key(name)])
     except Exception as err:  # the store refuses deletes too: the pending record names them for the next publish
         log.warning("the segments of a failed publish of %r stay in %s until the next publish: %s", name,
                     describe(store), err)
 
 
-def _remove_pending(store: NuggetStore, name: str, base: tuple[Pointer, VersionRecord] | None) -> None:
-    """Remove the segments a publish that stopped before its commit wrote, but those a kept version lists."""
+def _remove_pending(store: NuggetStore, name: str, base: Pointer | None, held: VersionRecord | None = None) -> None:
+    """Remove the segments a publish that stopped before its commit wrote, but those the current version (`base`;
+    `held`, its record where this process holds it) or a kept one lists; all of them while a record of those does
+    not parse (its segments are not known: the repair's to sort out)."""
     data = get(store, pending_key(name))
     if data is None:
         return
@@ -367,7 +265,10 @@ def _remove_pending(store: NuggetStore, name: str, base: tuple[Pointer, VersionR
         pending = [str(sha) for sha in json.loads(data)]
     except (ValueError, TypeError):
         pending = []
-    keep = set() if base is None else {r.sha256 for r in base[1].segments} | _listed(store, name, base[0].kept)
+    try:
+        keep = set() if base is None else _listed(store, name, [*base.kept, base.version], held)
+    except IndexFileError:
+        return
     delete(store, [segment_key(name, sha) for sha in pending if sha not in keep])
 
 
@@ -395,6 +296,6 @@ def _sha256(data: bytes) -> str:
 
 
 __all__: list[str] = [
-    "LOCK_TTL_S", "PublishLockBusy", "PublishLockLost", "PublishOptions", "chunk_runs", "commit_version",
-    "merge_groups", "publish_lock", "publish_version", "published_texts", "remove_versions",
+    "PublishOptions", "chunk_runs", "commit_version", "merge_groups", "publish_version", "published_texts",
+    "remove_versions",
 ]

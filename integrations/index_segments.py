@@ -88,7 +88,8 @@ class VersionRecord(BaseModel):
 
 class Pointer(BaseModel):
     """The current version: its number, its record's sha256, the earlier versions still kept for readers that are
-    loading them, and those retired when it was published (removed then, and again by the next publish)."""
+    loading them, and those retired when it was published (removed then, and again by the next publish); the
+    versions the index keeps (PublishOptions.keep_versions; None: a pointer written before it was recorded)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -97,6 +98,7 @@ class Pointer(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     kept: list[int] = []
     retired: list[int] = []
+    keep_versions: int | None = Field(None, ge=1)
 
 
 # ---------------------------------------------------------------------------------------------- keys

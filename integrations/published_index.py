@@ -32,7 +32,7 @@ from nugget_rag.state.store import NuggetStore, StoreLocation
 from .faiss_store import faiss_of, faiss_vectors
 from .index import NuggetIndex, Pipeline
 from .index_files import IndexFileError
-from .index_publishing import PublishOptions, merge_groups, publish_lock, publish_version
+from .index_publishing import PublishOptions, merge_groups, publish_version
 from .index_segments import (
     Pointer,
     Segment,
@@ -47,6 +47,7 @@ from .index_segments import (
     read_version,
 )
 from .index_settings import built_settings
+from .publish_lock import publish_lock
 from .retriever import NuggetRetriever
 from .vectorstores import DEFAULT_VECTORSTORE
 

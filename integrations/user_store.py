@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import socket
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
 
 from nugget_rag.components.compressor import METADATA_KEY
+from nugget_rag.state.redaction import redacted
 
 UUID_IDS = "uuid5"  # the manifest's "store_ids": uuid5(NAMESPACE, "collection/chunk id")
 CHUNK_IDS = "chunk id"  # the chunk's own id: FAISS's, and a user's store's in an index saved before UUID_IDS
@@ -77,6 +79,13 @@ def from_store(doc: Document) -> Document:
 
 
 
+CONNECTION_ERRORS = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, TimeoutError, socket.gaierror)
+WORDED_ERRORS = {"ConnectError", "OperationalError", "ConnectionError"}  # a client's: "does not answer" if it says so
+NOT_ANSWERING = ("connection refused", "connection reset", "timed out", "timeout expired", "could not translate host",
+                 "name or service not known", "temporary failure in name resolution", "nodename nor servname",
+                 "no address associated with hostname", "failed to resolve host", "getaddrinfo failed")
+
+
 class EngineUnavailable(ConnectionError):
     """The engine behind the user's vector store does not answer."""
 
@@ -92,16 +101,22 @@ def store_address(vectorstore: VectorStore) -> str | None:
     return None
 
 
-def unreachable(err: BaseException) -> bool:
-    """Whether `err`, or an error it was raised from, says the engine could not be reached (a refused or lost
-    connection: OSError, httpx's ConnectError, SQLAlchemy's and psycopg's OperationalError)."""
+def unreachable(err: BaseException | None) -> bool:
+    """Whether `err`, or an error it wraps, says the engine does not answer: a connection refused, reset or timed
+    out, or a host name that does not resolve (an OSError of those kinds; httpx's ConnectTimeout; httpx's
+    ConnectError, SQLAlchemy's and psycopg's OperationalError or a client's ConnectionError whose message says one of
+    them). An error wraps the one it was raised `from`, or one it holds (`raise Wrapper(err)`, as qdrant-client
+    does); an error merely raised while another was being handled wraps nothing."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         names = {cls.__name__ for cls in type(err).__mro__}
-        if isinstance(err, OSError) or names & {"ConnectError", "ConnectTimeout", "OperationalError"}:
+        if isinstance(err, CONNECTION_ERRORS) or "ConnectTimeout" in names:
             return True
-        err = err.__cause__ or err.__context__
+        if names & WORDED_ERRORS and any(words in str(err).lower() for words in NOT_ANSWERING):
+            return True
+        context = err.__context__
+        err = err.__cause__ or (context if any(a is context for a in err.args) else None)
     return False
 
 
@@ -115,10 +130,10 @@ def answering(vectorstore: VectorStore, doing: str) -> Iterator[None]:
         if not unreachable(err):
             raise
         address = store_address(vectorstore)
-        where = f" at {address}" if address else ""
+        where = f" at {redacted(address)}" if address else ""
         raise EngineUnavailable(f"the engine of the vector store {type(vectorstore).__name__}{where} does not answer "
-                                f"({type(err).__name__}: {err}); could not {doing}. Start it, or fix its address in "
-                                "the store's settings") from err
+                                f"({type(err).__name__}: {redacted(str(err))}); could not {doing}. Start it, or fix "
+                                "its address in the store's settings") from err
 
 
 def vector_parameters(vectorstore: VectorStore) -> set[str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from nugget_rag.state.redaction import redacted
 
 from .embeddings import embedding_name
 from .user_store import EngineUnavailable, answering, from_store, unreachable
@@ -87,18 +88,13 @@ class VectorStoreSpec(BaseModel):
             if not unreachable(err):
                 raise
             raise EngineUnavailable(f"the engine of the vector store {self.target!r} does not answer at the address "
-                                    f"its settings give ({redacted(json.dumps(self.kwargs, default=str))}): "
-                                    f"{type(err).__name__}: {err}. "
+                                    f"its settings give ({json.dumps(redacted(self.kwargs), default=str)}): "
+                                    f"{type(err).__name__}: {redacted(str(err))}. "
                                     "Start it, or fix the address in --vectorstore-kwargs") from err
         if not isinstance(store, VectorStore):
             raise ValueError(f"{self.target!r} made a {type(store).__name__}, not a LangChain VectorStore; name a "
                              "VectorStore class, or a function returning one")
         return store
-
-
-def redacted(text: str) -> str:
-    """`text` with the passwords of the URLs in it starred (postgresql://user:***@host)."""
-    return re.sub(r"(://[^:/@\s\"]*:)[^@\s\"]*@", r"\1***@", text)
 
 
 def vectorstore_name(vectorstore: VectorStore | None) -> str:
@@ -122,9 +118,13 @@ def store_embeddings(vectorstore: VectorStore | None, embeddings: Embeddings | N
 
 
 def store_collection(vectorstore: VectorStore | None) -> str | None:
-    """The collection the store writes to, where it names one (`collection_name`: Qdrant, PGVector)."""
-    name = getattr(vectorstore, "collection_name", None)
-    return name if isinstance(name, str) else None
+    """The collection the store writes to, where it names one: `collection_name` (Qdrant, PGVector), or Chroma's,
+    which langchain-chroma keeps as `_collection_name` (tests/test_vector_databases.py holds that it is recorded)."""
+    for attribute in ("collection_name", "_collection_name"):
+        name = getattr(vectorstore, attribute, None)
+        if isinstance(name, str):
+            return name
+    return None
 
 
 def store_dimension(vectorstore: VectorStore | None) -> int | None:
@@ -167,10 +167,11 @@ def check_dimension(vectorstore: VectorStore, vector: list[float], embedding_mod
 
 def check_vectorstore(directory: Path, manifest: dict[str, Any], vectorstore: VectorStore | None) -> None:
     """Refuse a vector store that is not the one the saved index was built into (or one for an index with its own
-    FAISS files), or writes to another collection than it."""
+    FAISS files), or writes to another collection than the one its manifest records (an index that recorded none, a
+    Chroma one saved before its collection was recorded, is checked by the chunks the store holds: check_holds)."""
     saved, given = manifest.get("vectorstore", DEFAULT_VECTORSTORE), vectorstore_name(vectorstore)
     saved_collection, collection = manifest.get("collection"), store_collection(vectorstore)
-    if saved == given and manifest.get("count") and "collection" in manifest and saved_collection != collection:
+    if saved == given and manifest.get("count") and saved_collection is not None and saved_collection != collection:
         raise ValueError(f"the index in {directory} keeps its vectors in the collection {saved_collection!r} of its "
                          f"{type(vectorstore).__name__}, not in {collection!r}; open it with "
                          f"collection_name={saved_collection!r}, or ingest into a new index directory to use that one")

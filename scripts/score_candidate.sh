@@ -36,7 +36,8 @@ for measure in "${measures[@]}"; do
       "$nugget_rag" eval --tasks autoencoding --data "autoencoding=$corpus/dev.jsonl" --systems nugget --ratios 1 2 10 \
         --limit 30 --sample random --task-limit autoencoding=30 --ae-lengths 100 --batch-size 15 \
         --name "$measure" "${common[@]}" ;;
-    ae-pydocs)  # Python docs: a domain neither the chain nor the fine-tuning trains on (dev: every 20th train file)
+    ae-pydocs)  # Python docs, a domain neither the chain nor the fine-tuning trains on: the dev part (every 20th train
+      # file) holds 22 passages of 100 tokens, each scored (--limit 30 takes them all)
       "$nugget_rag" eval --tasks autoencoding --systems nugget --ratios 1 2 10 --limit 30 --sample random \
         --task-limit autoencoding=30 --ae-lengths 100 --batch-size 15 --name "$measure" "${common[@]}" ;;
     *) echo "unknown measure $measure: use squad-s0 squad-s1 squad-s2 squad_rag ae-corpus ae-pydocs" >&2; exit 2 ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The server, Ray and ingest-job tests on a busy machine: two CPU-bound processes run beside them throughout, so
+# The server, Ray, ingest-job and Redis-fault tests on a busy machine: two CPU-bound processes run beside them throughout, so
 # their time bounds must hold with the cores taken. Not part of CI; run it before changing those tests.
 #
 #   bash scripts/stress_suite.sh              # PYTHON=... picks the interpreter (default .venv/bin/python)
@@ -18,6 +18,7 @@ done
 status=0
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_server.py tests/test_ray_serve.py tests/test_ray_ingest.py \
     tests/test_redis.py::test_ingest_jobs_are_recorded_in_redis_for_every_server_over_it tests/test_ingest_jobs.py \
+    tests/test_redis_faults.py \
     "$@" || status=$?
 echo "stress_suite: pytest exited $status with 2 CPU-bound processes beside it (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 exit "$status"

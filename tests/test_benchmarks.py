@@ -265,10 +265,13 @@ def test_store_scale_ingest_reports_consistent_counts_bytes_and_rates(make_model
 
 
 def _harness_run(folder: Path, name: str, task: str, split: str, rows: list[tuple[str, float | None, str]],
-                 system: str = "nugget") -> None:
-    """A harness run's two files: NAME.json (the task's split and source) and NAME-predictions.jsonl."""
+                 system: str = "nugget", weights: str | None = None) -> None:
+    """A harness run's two files: NAME.json (the task's split and source, and the digest of the weights scored: the
+    folder's name by default) and NAME-predictions.jsonl."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps({"tasks": {task: {"split": split, "source": "data/squad.json"}}}))
+    setup = {"weights_sha256": [weights or folder.name, None]}
+    (folder / f"{name}.json").write_text(json.dumps({"tasks": {task: {"split": split, "source": "data/squad.json",
+                                                                      "setup": setup}}}))
     (folder / f"{name}-predictions.jsonl").write_text("".join(
         json.dumps({"task": task, "system": system, "ratio": ratio, "id": qid, "output": output,
                     "references": ["Paris"]}) + "\n" for qid, ratio, output in rows))
@@ -286,7 +289,9 @@ def test_default_decision_ships_a_win_at_r10_that_loses_nothing_and_refuses_test
     result = decision.decide(decision.read_folder(tmp_path / "base"), decision.read_folder(tmp_path / "cand"))
     verdicts = {row["measure"]: row["verdict"] for row in result["rows"]}
     assert verdicts == {"squad r = 10 (nugget, squad.json)": "wins", "squad r = 5 (nugget, squad.json)": "holds"}
-    assert result["ships"]
+    assert result["ships"] and result["weights_sha256"] == {"baseline": "base", "candidate": "cand"}
+    assert "Weights scored (sha256, first 16 hex digits): base base, cand cand." in decision.table(result,
+                                                                                                    ("base", "cand"))
     # a measure the default was scored on and the candidate was not is no hold: undecided, the default stays
     _harness_run(tmp_path / "base", "ae", "autoencoding", "dev", [(q, 10, "Paris") for q in questions])
     undecided = decision.decide(decision.read_folder(tmp_path / "base"), decision.read_folder(tmp_path / "cand"))
@@ -317,6 +322,21 @@ def test_default_decision_counts_the_reading_plans_run_which_has_no_single_ratio
     assert not result["ships"]
 
 
+def test_default_decision_never_pools_runs_of_different_weights(tmp_path):
+    decision = load_script("default_decision")
+    rows = [(f"q{i}", 10, "Paris") for i in range(4)]
+    _harness_run(tmp_path / "cand", "squad-s0", "squad", "dev", rows, weights="1111")
+    _harness_run(tmp_path / "cand", "squad-s1", "squad", "dev", rows, weights="2222")
+    with pytest.raises(SystemExit, match="holds runs of different weights, which are never pooled: squad-s0.json "
+                                         "scored 1111; squad-s1.json scored 2222"):
+        decision.read_folder(tmp_path / "cand")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "squad-s0.json").write_text(json.dumps({"tasks": {"squad": {"split": "dev", "source": "s"}}}))
+    (tmp_path / "old" / "squad-s0-predictions.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="records no digest of the nugget weights it scored"):
+        decision.read_folder(tmp_path / "old")
+
+
 def test_ship_default_refuses_float32_another_layout_and_a_decision_that_does_not_ship(tmp_path):
     import torch
     from tiny import tiny_nugget_model
@@ -328,7 +348,10 @@ def test_ship_default_refuses_float32_another_layout_and_a_decision_that_does_no
     model.save_pretrained(tmp_path / "bf16", dtype=torch.bfloat16, training=lineage)
     model.save_pretrained(tmp_path / "fp32", dtype=torch.float32, training=lineage)
     model.save_pretrained(tmp_path / "no-lineage", dtype=torch.bfloat16)
-    wins = {"ships": True, "candidate": "x", "rows": [{"measure": "squad r = 10", "verdict": "wins"}]}
+    digests = {"baseline": ship.sha256(tmp_path / "default" / "nugget.safetensors")[:16],
+               "candidate": ship.sha256(tmp_path / "bf16" / "nugget.safetensors")[:16]}
+    wins = {"ships": True, "candidate": "x", "rows": [{"measure": "squad r = 10", "verdict": "wins"}],
+            "weights_sha256": digests}
     ship.check(tmp_path / "bf16", wins, tmp_path / "default")  # nothing to refuse
     with pytest.raises(ValueError, match=r"\['F32'\] tensors; the default ships bfloat16: export it with "
                                          "export_dtype: bfloat16"):
@@ -346,6 +369,53 @@ def test_ship_default_refuses_float32_another_layout_and_a_decision_that_does_no
     (tmp_path / "bf16" / "nugget_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="trained on base model"):
         ship.check(tmp_path / "bf16", wins, tmp_path / "default")
+
+
+def test_ship_default_ships_only_the_weights_decided_and_records_the_decision(tmp_path, monkeypatch, capsys):
+    import torch
+    from tiny import perturb_adapters, tiny_nugget_model
+
+    ship = load_script("ship_default", SCRIPTS)
+    lineage = {"lineage": [{"updates": 1}]}
+    model = tiny_nugget_model()
+    model.save_pretrained(tmp_path / "default", dtype=torch.bfloat16, training=lineage)
+    perturb_adapters(model).save_pretrained(tmp_path / "scored", dtype=torch.bfloat16, training=lineage)
+    with torch.no_grad():
+        next(p for name, p in model.peft.named_parameters() if "lora_B" in name).add_(1.0)
+    model.save_pretrained(tmp_path / "other", dtype=torch.bfloat16, training=lineage)
+    digests = {"baseline": ship.sha256(tmp_path / "default" / "nugget.safetensors")[:16],
+               "candidate": ship.sha256(tmp_path / "scored" / "nugget.safetensors")[:16]}
+    decision = {"ships": True, "candidate": "runs/scored", "rows": [{"measure": "squad r = 10", "verdict": "wins"}],
+                "weights_sha256": digests}
+    with pytest.raises(ValueError, match=rf"other/nugget.safetensors \(sha256 \w{{16}}\) is not the candidate it "
+                                         rf"chose: the decision is about weights {digests['candidate']}"):
+        ship.check(tmp_path / "other", decision, tmp_path / "default")
+    with pytest.raises(ValueError, match="default/nugget.safetensors .* is not the default it was compared with"):
+        ship.check(tmp_path / "scored", {**decision, "weights_sha256": {**digests, "baseline": "0" * 16}},
+                   tmp_path / "default")
+    with pytest.raises(ValueError, match="records no digest of the weights it compared"):
+        ship.check(tmp_path / "scored", {**decision, "weights_sha256": None}, tmp_path / "default")
+    (tmp_path / "decision.json").write_text(json.dumps(decision))
+    monkeypatch.setattr(sys, "argv", ["ship_default.py", str(tmp_path / "other"), "--decision",
+                                      str(tmp_path / "decision.json"), "--target", str(tmp_path / "default")])
+    with pytest.raises(SystemExit, match="not shipped: .* is not the candidate it chose"):
+        ship.main()
+    monkeypatch.setattr(sys, "argv", ["ship_default.py", str(tmp_path / "scored"), "--decision",
+                                      str(tmp_path / "decision.json"), "--target", str(tmp_path / "default")])
+    assert ship.main() == 0
+    shipped = json.loads((tmp_path / "default" / "nugget_config.json").read_text())
+    assert shipped["decision"] == {"file": "decision.json", "sha256": ship.sha256(tmp_path / "decision.json"),
+                                   "weights_sha256": digests}
+    assert ship.sha256(tmp_path / "default" / "nugget.safetensors").startswith(digests["candidate"])
+
+
+def test_the_rule_counts_the_python_docs_passages_its_runs_scored():
+    """MODEL_CARD's rule names as many Python-docs dev passages as the decision's runs scored."""
+    card = (Path(__file__).parent.parent / "MODEL_CARD.md").read_text()
+    rule = card.split("## Choosing the next default", 1)[1].split("- **The rule**", 1)[0]
+    decided = json.loads((BENCHMARKS / "results" / "default-decision-answers-50.json").read_text())
+    items = {row["items"] for row in decided["rows"] if "python-3.11-docs" in row["measure"]}
+    assert items == {22} and "every one of the 22 Python-docs dev passages" in rule
 
 
 def test_the_shipped_default_is_bfloat16_within_30_mb_with_its_training_record():

@@ -6,6 +6,7 @@ URL. Each test breaks the store as an operator or a fault would (SETRANGE, DEL, 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import signal
 import subprocess
@@ -24,7 +25,8 @@ from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.components.llm import NuggetLLM
 from nugget_rag.integrations import build_qa_chain, index_publishing
 from nugget_rag.integrations.index_check import check_index
-from nugget_rag.integrations.index_segments import DamagedIndexError, pointer_key, segment_key
+from nugget_rag.integrations.index_segments import DamagedIndexError, Pointer, pointer_key, segment_key, version_key
+from nugget_rag.integrations.publish_lock import publish_lock
 from nugget_rag.integrations.published_index import PublishedIndex
 from nugget_rag.serving.job_records import JobRecords
 
@@ -170,6 +172,67 @@ def test_a_lost_segment_is_named_then_repaired_and_ingested_again(model, redis_u
     assert answers(handle(model, redis_url, tmp_path / "empty2")) == before
 
 
+def three_versions(model, redis_url, **options):
+    """A writer that published DOCS in three versions (note0-1, note2-3, note4-7), one segment each."""
+    writer = handle(model, redis_url, None, **options)
+    for part in (DOCS[:2], DOCS[2:4], DOCS[4:8]):
+        writer.ingest(part)
+    assert [s.sources for s in writer.record.segments] == [["note0", "note1"], ["note2", "note3"],
+                                                            ["note4", "note5", "note6", "note7"]]
+    return writer
+
+
+def test_an_altered_record_that_parses_is_rebuilt_from_its_segments_keeping_every_chunk(model, redis_url, tmp_path,
+                                                                                          cli_on, capsys):
+    writer = three_versions(model, redis_url, keep_versions=3)
+    before = answers(writer)
+    record = f"nugget-rag/{version_key('default', 3)}"
+    client(redis_url).append(record, b" ")  # its sha256 is not the pointer's, but it parses
+    check = ["index", "check", "--store", redis_url]
+    assert cli.main(check) == 1
+    assert "it still parses, and 3 of its 3 segments verify: --repair rebuilds it from them" in capsys.readouterr().out
+    assert cli.main([*check, "--repair"]) == 0
+    out = capsys.readouterr().out
+    assert "repaired: published version 4 (8 chunks) from version 3's altered record, rebuilt from its 3 segments " \
+           "that verify, retiring the broken versions 3" in out and "ingest these sources again" not in out
+    assert segments_verify(redis_url, writer)  # the segments only version 3 listed are kept: version 4 lists them
+    pointer = Pointer.model_validate_json(raw(redis_url, pointer_key("default")))
+    assert (pointer.version, pointer.kept, pointer.keep_versions) == (4, [1, 2], 3)  # the index's own keep_versions
+    reader = handle(model, redis_url, tmp_path / "empty")
+    assert len(reader) == 8 and reader.current().ids == writer.current().ids and answers(reader) == before
+    assert cli.main(check) == 0
+
+
+def test_an_altered_record_and_a_lost_segment_keep_what_verifies_and_name_the_rest(model, redis_url, tmp_path,
+                                                                                     cli_on, capsys):
+    writer = three_versions(model, redis_url)
+    lost = writer.record.segments[1]
+    client(redis_url).append(f"nugget-rag/{version_key('default', 3)}", b"\n")
+    client(redis_url).delete(f"nugget-rag/{segment_key('default', lost.sha256)}")
+    assert cli.main(["index", "check", "--store", redis_url, "--repair"]) == 1  # consistent, chunks lost
+    out = capsys.readouterr().out
+    assert "published version 4 (6 chunks) from version 3's altered record, rebuilt from its 2 segments that " \
+           "verify (without 2 lost chunks)" in out
+    assert out.split("ingest these sources again:\n")[1].split("\n")[:3] == ["    note2", "    note3", "consistent "
+                                                                              "again, without the chunks above"]
+    reader = handle(model, redis_url, tmp_path / "empty")
+    assert sorted({d.metadata["source"] for d in reader.current().documents}) == [
+        "note0", "note1", "note4", "note5", "note6", "note7"]
+
+
+def test_a_record_that_does_not_parse_names_the_sources_only_it_held(model, redis_url, tmp_path, cli_on, capsys):
+    three_versions(model, redis_url)
+    key = f"nugget-rag/{version_key('default', 3)}"
+    record = json.loads(raw(redis_url, version_key("default", 3)))
+    record["segments"][0]["sha256"] = "not a sha256"
+    client(redis_url).set(key, json.dumps(record).encode())
+    assert cli.main(["index", "check", "--store", redis_url, "--repair"]) == 1
+    out = capsys.readouterr().out
+    assert "published version 4 (4 chunks) from the last intact record, retiring the broken versions 3" in out
+    assert out.split("ingest these sources again:\n")[1].split("\n")[:4] == [f"    note{i}" for i in range(4, 8)]
+    assert len(handle(model, redis_url, tmp_path / "empty")) == 4
+
+
 def test_repair_writes_a_segment_again_from_this_machines_cache(model, redis_url, tmp_path, cli_on, capsys):
     from nugget_rag.integrations.published_index import cache_directory
     from nugget_rag.state.store import StoreLocation
@@ -267,7 +330,7 @@ def test_repair_while_another_publisher_holds_the_lock_refuses_by_name(model, re
     held, release = threading.Event(), threading.Event()
 
     def publisher():
-        with index_publishing.publish_lock(writer.compressor.store, "default"):
+        with publish_lock(writer.compressor.store, "default"):
             held.set()
             release.wait(30)
 

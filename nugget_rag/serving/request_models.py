@@ -5,7 +5,7 @@ surrogate) is refused naming its field."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import HTTPException
 from langchain_core.documents import Document
@@ -100,22 +100,37 @@ class ChatRequest(BaseModel):
         return self.max_completion_tokens or self.max_tokens or 128
 
 
+class DocumentBody(BaseModel):
+    """A LangChain Document as JSON (Document.model_dump's fields; others ignored, as Document ignores them),
+    validated here: a Document field lets a body without page_content raise a TypeError, a 500."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    page_content: str
+    metadata: dict[str, Any] = {}
+    id: str | None = None
+    type: Literal["Document"] = "Document"
+
+    def document(self) -> Document:
+        return Document(id=self.id, page_content=self.page_content, metadata=self.metadata)
+
+
 class DocumentsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    documents: list[Text | Document] = Field(min_length=1, max_length=10_000)
+    documents: list[Text | DocumentBody] = Field(min_length=1, max_length=10_000)
 
     @field_validator("documents")
     @classmethod
-    def _unicode_documents(cls, value: list[str | Document]) -> list[str | Document]:
+    def _unicode_documents(cls, value: list[str | DocumentBody]) -> list[str | DocumentBody]:
         for i, doc in enumerate(value):
-            if isinstance(doc, Document):
+            if isinstance(doc, DocumentBody):
                 _check_unicode(f"documents[{i}].page_content", doc.page_content)
                 _check_unicode(f"documents[{i}].metadata", json.dumps(doc.metadata, ensure_ascii=False))
         return value
 
     def as_documents(self) -> list[Document]:
-        return [d if isinstance(d, Document) else Document(page_content=d) for d in self.documents]
+        return [d.document() if isinstance(d, DocumentBody) else Document(page_content=d) for d in self.documents]
 
     def at_most(self, limit: int, instead: str) -> list[Document]:
         """The documents, if no more than `limit` (the server's max_ingest_documents); else a 413 saying to do
@@ -134,4 +149,5 @@ class SummarizeRequest(DocumentsRequest):
     max_new_tokens: int = Field(160, ge=1, le=2048)
 
 
-__all__ = ["AskRequest", "ChatMessage", "ChatRequest", "DocumentsRequest", "SummarizeRequest", "TextPart"]
+__all__ = ["AskRequest", "ChatMessage", "ChatRequest", "DocumentBody", "DocumentsRequest", "SummarizeRequest",
+           "TextPart"]

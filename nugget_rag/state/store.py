@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .directory_store import DirectoryByteStore
 from .nugget_state import UNIDENTIFIED, CorruptStateError, NuggetState
+from .redaction import redacted
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class StoreLocation(BaseModel):
         try:
             return cls(redis_url=urlunsplit(parts._replace(query=rest)), **settings)
         except ValidationError as err:
-            raise ValueError(f"store URL {_redacted(value)!r} has a bad setting ({err.errors()[0]['msg']}): "
+            raise ValueError(f"store URL {redacted(value)!r} has a bad setting ({err.errors()[0]['msg']}): "
                              f"{_FIX}") from None
 
     @property
@@ -100,7 +101,7 @@ class StoreLocation(BaseModel):
 
     def __str__(self) -> str:
         """For messages and logs: the URL without its password."""
-        return _redacted(self.url)
+        return redacted(self.url)
 
 
 def _scheme(value: str) -> str | None:
@@ -113,18 +114,13 @@ def _check_redis_url(url: str) -> None:
     """A ValueError naming `url` (without its password) unless it is a Redis URL that parses."""
     scheme = _scheme(url)
     if scheme not in REDIS_SCHEMES:
-        raise ValueError(f"store URL {_redacted(url)!r} names "
+        raise ValueError(f"store URL {redacted(url)!r} names "
                          f"{'no scheme' if scheme is None else f'the scheme {scheme!r}'}, not a Redis one "
                          f"({', '.join(REDIS_SCHEMES)}): {_FIX}")
     try:
         urlsplit(url).port  # noqa: B018  (raises on a port that is not a number)
     except ValueError as err:
-        raise ValueError(f"store URL {_redacted(url)!r} does not parse ({err}): {_FIX}") from None
-
-
-def _redacted(url: str) -> str:
-    """`url` with any password replaced by ***."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]+://[^:@/]*:)[^@/]*@", r"\1***@", url)
+        raise ValueError(f"store URL {redacted(url)!r} does not parse ({redacted(str(err))}): {_FIX}") from None
 
 
 class StoreUnavailableError(OSError):
@@ -169,7 +165,8 @@ class NuggetStore:
         try:
             byte_store.client.ping()
         except Exception as err:
-            raise StoreUnavailableError(f"cannot reach Redis at {url}: {err}; start the server or fix the URL") from err
+            raise StoreUnavailableError(f"cannot reach Redis at {redacted(url)}: {redacted(str(err))}; start the "
+                                        "server or fix the URL") from err
         store = cls(byte_store=byte_store, max_memory_bytes=max_memory_bytes)
         store._redis = StoreLocation(redis_url=url, namespace=namespace, ttl=ttl)
         return store

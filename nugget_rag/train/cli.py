@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from ..corpora import DataError
 from .config import TrainConfig
@@ -65,6 +66,15 @@ def _model_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, o
     return out
 
 
+def shown_default(info: FieldInfo) -> object:
+    """A setting's default as help shows it: "required", a nested model's settings as JSON (as --data takes them),
+    else the value (a default factory called)."""
+    if info.is_required():
+        return "required"
+    default = info.get_default(call_default_factory=True)
+    return default.model_dump_json() if isinstance(default, BaseModel) else default
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The train command's options: --config, --data and one flag per setting of TrainConfig."""
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML or JSON file with any of the settings")
@@ -79,10 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         flags = [f"--{dotted.replace('_', '-')}"]
         if dotted in inverse:
             flags.append(f"--{inverse[dotted]}")
-        default = "required" if info.is_required() else info.get_default(call_default_factory=True)
-        help_text = f"{info.description or ''} [{default}]".strip()
+        help_text = f"{info.description or ''} [{shown_default(info)}]".strip()
         settings.add_argument(*flags, dest=f"set:{dotted}", metavar="V", help=help_text.replace("%", "%%"))
-    options = [f"  {name} [{info.get_default()}]: {info.description or ''}"
+    options = [f"  {name} [{shown_default(info)}]: {info.description or ''}"
                for name, info in Source.model_fields.items() if name not in ("objective", "path")]
     parser.epilog = "data source options (--data OBJECTIVE:PATH,option=value,...):\n" + "\n".join(options)
     return parser

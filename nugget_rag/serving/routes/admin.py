@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
+from ...state.redaction import redacted
 from ..state import State
 
 router = APIRouter()
@@ -12,9 +13,9 @@ router = APIRouter()
 @router.get("/health")
 def health(state: State) -> dict:
     sizes = state.batcher.batch_sizes
-    return {"status": "ok", "model": state.model_name, "ratio": state.compressor.effective_ratio,
-            "chunks": len(state.served), "pending": state.slots.count, "ingest_jobs": state.jobs.active,
-            "batches": len(sizes), "mean_batch": round(sum(sizes) / len(sizes), 2) if sizes else None}
+    return redacted({"status": "ok", "model": state.model_name, "ratio": state.compressor.effective_ratio,
+                     "chunks": len(state.served), "pending": state.slots.count, "ingest_jobs": state.jobs.active,
+                     "batches": len(sizes), "mean_batch": round(sum(sizes) / len(sizes), 2) if sizes else None})
 
 
 @router.get("/metrics")
