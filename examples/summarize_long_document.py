@@ -74,7 +74,7 @@ def main() -> int:
     parser.add_argument("--line", type=int, help="which JSONL line (0-based; default: the first)")
     parser.add_argument("--id", help="which JSONL record, by its id")
     add_checkpoint_option(parser)
-    parser.add_argument("--ratio", type=float, help="compression ratio r (default: the model's)")
+    parser.add_argument("--ratio", type=float, help="the ratio r the nuggets are read at (default: the summarizer's)")
     parser.add_argument("--reading", choices=["outline", "sections", "nuggets", "autoregressive"],
                         default=NuggetSummarizer.model_fields["reading"].default,
                         help="how the nuggets are read (default: the measured best, BENCHMARKS.md)")
@@ -96,8 +96,9 @@ def main() -> int:
 
     if args.reading == "autoregressive":
         return summarize_in_one_pass(document, args)
-    compressor = load_compressor(args.checkpoint, ratio=args.ratio)
-    summarize = build_summary_chain(compressor, reading=args.reading, max_new_tokens=args.max_new_tokens)
+    compressor = load_compressor(args.checkpoint)
+    chosen = {"ratio": args.ratio} if args.ratio else {}  # default: the summarizer's (the store's floor, 4)
+    summarize = build_summary_chain(compressor, reading=args.reading, max_new_tokens=args.max_new_tokens, **chosen)
     print(f"Summary of {document.metadata['source']} ({args.reading} reading):\n  ", end="", flush=True)
     final = None
     for chunk in summarize.stream([document]):

@@ -11,8 +11,8 @@ from .prune import PruneReport, prune
 from .published_index import PublishedIndex
 from .qa_chain import build_qa_chain, source_label
 from .refloor import RefloorReport, refloor
-from .summary_chain import NuggetSummarizer, build_summary_chain
 from .retriever import NuggetRetriever
+from .summary_chain import NuggetSummarizer, build_summary_chain
 from .user_store import EngineUnavailable
 from .vectorstores import VectorStoreSpec
 from .visualize import NuggetView, nugget_view, reading_view, render_html, render_terminal

@@ -15,23 +15,23 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, get_args
 
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from nugget_rag.components.compressor import CompressorInput, NuggetCompressor, as_documents
-from nugget_rag.config import DECODER
+from nugget_rag.config import DECODER, PROBE_RATIO, NuggetConfig, SummaryReading
 from nugget_rag.generation.decoding import GenerationSettings, RowSteps, generate, generation_steps
 from nugget_rag.prompts import SUMMARY_PROMPT, chat_token_ids
 
 from .chunking import token_splitter
 
-SummaryReading = Literal["outline", "sections", "nuggets"]
+DEFAULT_READING: SummaryReading = get_args(SummaryReading)[0]  # chosen by measurement: BENCHMARKS.md
 FINISH_SENTENCE = 32  # tokens past a limit to end the sentence it cut
 SUMMARY_OF_DOCUMENT = "Please summarize the above document in a few sentences."
 COMBINE_PROMPT = 'Write a concise summary of the following:\n\n"{sections}"\n\nCONCISE SUMMARY:'  # LangChain's
@@ -49,7 +49,10 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     compressor: NuggetCompressor
-    reading: SummaryReading = Field("outline", description="How the nuggets are read (module docstring).")
+    reading: SummaryReading = Field(DEFAULT_READING, description="How the nuggets are read (module docstring).")
+    ratio: float | None = Field(PROBE_RATIO, description="The ratio r the sections' nuggets are read at: default "
+                                "the store's floor 4, which every stored state keeps (no extra bytes); None: the "
+                                "compressor's ratio.")
     section_tokens: int = Field(512, ge=16, description="sections: a section's length in tokens at most (the "
                                 "fine-tuned checkpoint read passages of up to 512 tokens).")
     section_max_new_tokens: int = Field(32, ge=1, description="A section's sentence, in tokens at most (then to "
@@ -57,6 +60,11 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
     max_new_tokens: int = Field(160, ge=1, description="The summary, in tokens at most (then to its sentence's end).")
     no_repeat_ngram_size: int = Field(3, ge=0, description="Never repeat an n-gram of this many tokens (0: off).")
     batch_size: int = Field(16, ge=1, description="Sections decoded in one batch.")
+
+    @field_validator("ratio", mode="before")
+    @classmethod
+    def _check_ratio(cls, value: object) -> float | None:
+        return None if value is None else NuggetConfig(ratio=value).ratio
 
     # ------------------------------------------------------------------ LangChain interface
     def invoke(self, input: CompressorInput, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
@@ -82,7 +90,7 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
             raise ValueError("there is nothing to summarise: every document given is empty or whitespace")
         started = time.perf_counter()
         parts = self.sections(docs)
-        found = self.compressor.lookup(parts)
+        found = self.compressor.lookup(parts, self.ratio)
         states = [f.state for f in found]
         compressed = time.perf_counter()
         meta: dict[str, Any] = {"reading": self.reading}
@@ -104,7 +112,7 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
             generated = decoded + (generated if self.reading == "sections" else 0)
         n_tokens, n_nuggets = sum(s.n for s in states), sum(s.k for s in states)
         meta.update(n_document_tokens=n_tokens, n_sections=len(parts), n_nuggets=n_nuggets,
-                    compression_ratio=n_tokens / n_nuggets, ratio=self.compressor.effective_ratio,
+                    compression_ratio=n_tokens / n_nuggets, ratio=self.ratio or self.compressor.effective_ratio,
                     cached=all(f.cached for f in found), compress_seconds=round(compressed - started, 3),
                     decode_seconds=round(time.perf_counter() - compressed, 3), finish_reason=steps.finish_reason)
         read = prompt_tokens + n_nuggets
@@ -190,7 +198,7 @@ def first_sentence(text: str) -> str:
     return re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
 
 
-def build_summary_chain(compressor: NuggetCompressor, reading: SummaryReading = "outline", as_text: bool = False,
+def build_summary_chain(compressor: NuggetCompressor, reading: SummaryReading = DEFAULT_READING, as_text: bool = False,
                         **fields: Any) -> Runnable:
     """text or documents -> summary: a NuggetSummarizer over `compressor` (its store keeps the nuggets), returning
     the AIMessage, or its text with ``as_text=True``. `fields` are the summarizer's (`section_tokens`, ...)."""

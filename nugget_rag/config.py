@@ -20,6 +20,9 @@ MergedFormat = Literal["float", "int8"]  # how passes without autograd run merge
 # How generation decodes after the prompt (static_decoding.py): "dynamic", a KV cache that grows, eager (the default);
 # "static", a preallocated one; "compiled", static, each one-token step through torch.compile (CUDA graphs on CUDA).
 Decoding = Literal["dynamic", "static", "compiled"]
+# How a long document's summary reads its sections' nuggets (integrations/summary_chain.py); the first is the default,
+# chosen by measurement (BENCHMARKS.md, "Long documents").
+SummaryReading = Literal["outline", "sections", "nuggets"]
 # A Ray cluster's address: HOST:PORT (the head's GCS port) or ray://HOST:PORT (Ray Client); "auto" is also taken.
 RAY_ADDRESS = re.compile(r"(ray://)?(?P<host>[^\s:/\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})")
 

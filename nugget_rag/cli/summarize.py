@@ -13,25 +13,25 @@ from pathlib import Path
 from typing import get_args
 
 from ..cli_options import UserError, positive_int, ratio_arg
+from ..config import SummaryReading
 from . import loading
 from .opening import open_index
 from .options import add_stores_options
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
-    from ..integrations.summary_chain import NuggetSummarizer, SummaryReading
-
     summarize = commands.add_parser("summarize", parents=[model_options], help="summarise long files from their nuggets",
                                     description="Compress the files into nuggets (stored for reuse) and stream one "
                                                 "summary of them.")
     summarize.add_argument("paths", nargs="+", type=Path, metavar="FILE", help="files or folders, read as one document")
     summarize.add_argument("--index", type=Path, metavar="DIR", help="ingest into this index and keep the nuggets in "
                            "its store (questions about the files then read them too)")
-    summarize.add_argument("--ratio", type=ratio_arg, help="compression ratio r (default: the model's, or the index's)")
+    summarize.add_argument("--ratio", type=ratio_arg, help="the ratio r the nuggets are read at (default 4: the floor "
+                           "every stored state keeps)")
     summarize.add_argument("--reading", choices=get_args(SummaryReading),
                            help="outline: a sentence a section from its nuggets; sections: those sentences combined; "
                                 "nuggets: every nugget read at once (default: the measured best, "
-                                f"{NuggetSummarizer.model_fields['reading'].default})")
+                                f"{get_args(SummaryReading)[0]})")
     summarize.add_argument("--max-new-tokens", type=positive_int, default=160, metavar="N",
                            help="summary length (default 160)")
     add_stores_options(summarize)
@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     documents = [d for d in load_documents(args.paths) if d.page_content.strip()]
     if not documents:
         raise UserError(f"nothing to summarise in {', '.join(map(str, args.paths))}: no file with text was read")
+    ratio, args.ratio = args.ratio, None  # the summary's reading, not the ratio the index answers questions at
     if args.index is not None:
         opened = open_index(args)
         index, added = opened.ingest(documents, show_progress=True)
@@ -56,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         parts, compressor = documents, loading.load_compressor(args)
     compressor.show_progress = True
     chosen = {"reading": args.reading} if args.reading else {}
+    if ratio is not None:
+        chosen["ratio"] = ratio
     summarizer = NuggetSummarizer(compressor=compressor, max_new_tokens=args.max_new_tokens, **chosen)
     final = None
     for chunk in summarizer.stream(parts):

@@ -12,8 +12,7 @@ from langchain_core.documents import Document
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..components.resolution import RESOLUTIONS
-from ..config import ANSWER_NO_REPEAT_NGRAM_SIZE
-from ..integrations.summary_chain import SummaryReading
+from ..config import ANSWER_NO_REPEAT_NGRAM_SIZE, SummaryReading
 
 
 def _check_unicode(where: str, text: str) -> None:
