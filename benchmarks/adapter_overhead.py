@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from nugget_rag.cli_options import checkpoint_arg
+from nugget_rag.cli.options import checkpoint_arg
 from nugget_rag.config import DECODER
 from nugget_rag.eval.speed import QUESTION, no_eos, timed_generation
 from nugget_rag.model import NuggetModel

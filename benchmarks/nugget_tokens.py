@@ -26,7 +26,7 @@ import matplotlib
 import torch
 from tqdm import tqdm
 
-from nugget_rag.cli_options import checkpoint_arg
+from nugget_rag.cli.options import checkpoint_arg
 from nugget_rag.corpora import read_documents
 from nugget_rag.model import NuggetModel
 

@@ -29,7 +29,7 @@ from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
 
 from nugget_rag import NuggetStreamLLM
-from nugget_rag.cli_options import add_checkpoint_option
+from nugget_rag.cli.options import add_checkpoint_option
 from nugget_rag.integrations import NuggetSummarizer, build_summary_chain, load_compressor
 from nugget_rag.integrations.summary_chain import SUMMARY_OF_DOCUMENT
 

@@ -9,11 +9,17 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_options import UserError, add_repetition_options, add_weights_option, positive_int
 from ..components.llm import NuggetLLM
-from ..resolution import RESOLUTIONS
+from ..components.resolution import RESOLUTIONS
 from .opening import open_index
-from .options import API_KEY_ENV, add_stores_options
+from .options import (
+    API_KEY_ENV,
+    UserError,
+    add_repetition_options,
+    add_stores_options,
+    add_weights_option,
+    positive_int,
+)
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:

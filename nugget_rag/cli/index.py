@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_options import add_verbose_option, positive_float, redis_store
+from .options import add_verbose_option, positive_float, redis_store
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:

@@ -10,10 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.documents import Document
 
-from ..cli_options import UserError, positive_float, positive_int, ratio_arg, ray_address
 from . import loading
 from .opening import open_index
-from .options import add_stores_options, add_text_states_option
+from .options import (
+    UserError,
+    add_stores_options,
+    add_text_states_option,
+    positive_float,
+    positive_int,
+    ratio_arg,
+    ray_address,
+)
 
 if TYPE_CHECKING:
     from ..components.compressor import NuggetCompressor

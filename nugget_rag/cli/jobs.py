@@ -7,9 +7,8 @@ import argparse
 import time
 from pathlib import Path
 
-from ..cli_options import UserError
 from .opening import open_index
-from .options import add_stores_options, add_text_states_option
+from .options import UserError, add_stores_options, add_text_states_option
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:

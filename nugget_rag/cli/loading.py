@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from langchain_core.embeddings import Embeddings
 
-from ..cli_options import UserError
 from ..components.compressor import NuggetCompressor
+from .options import UserError
 
 if TYPE_CHECKING:
     from ..integrations.vectorstores import VectorStoreSpec

@@ -14,9 +14,9 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
 from ..cancellation import Stop
-from ..cli_options import UserError
 from ..components.compressor import NuggetCompressor
 from . import loading
+from .options import UserError
 
 if TYPE_CHECKING:
     from ..integrations.index import NuggetIndex, Pipeline

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cli_options import UserError, ratio_arg
 from .opening import open_index
-from .options import add_stores_options
+from .options import UserError, add_stores_options, ratio_arg
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from ..cli_options import UserError, positive_int, ratio_arg
 from . import loading
 from .opening import open_index
-from .options import add_stores_options
+from .options import UserError, add_stores_options, positive_int, ratio_arg
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
