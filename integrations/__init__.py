@@ -9,7 +9,7 @@ from .loaders import DocumentLoadError, LoadReport, load_documents, load_jsonl, 
 from .nugget_model import load_compressor
 from .prune import PruneReport, prune
 from .published_index import PublishedIndex
-from .qa_chain import build_qa_chain, source_label
+from .qa_chain import answer_chain, build_qa_chain, source_label
 from .refloor import RefloorReport, refloor
 from .summary_chain import NuggetSummarizer, build_summary_chain
 from .retriever import NuggetRetriever
@@ -19,7 +19,7 @@ from .visualize import NuggetView, nugget_view, reading_view, render_html, rende
 
 __all__ = [
     "DocumentLoadError", "IndexFileError", "NuggetIndex", "NuggetRetriever", "SentenceTransformerEmbeddings",
-    "build_qa_chain", "build_summary_chain", "NuggetSummarizer", "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
+    "answer_chain", "build_qa_chain", "build_summary_chain", "NuggetSummarizer", "chunk_id", "embedding_name", "load_compressor", "load_documents", "load_jsonl", "minilm_embeddings", "read_manifest",
     "source_label", "LoadReport", "read_documents", "RefloorReport", "refloor", "PruneReport", "prune",
     "VectorStoreSpec", "EngineUnavailable", "PublishedIndex", "PublishOptions",
     "NuggetView", "nugget_view", "reading_view", "render_html", "render_terminal",

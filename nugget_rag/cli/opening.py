@@ -66,27 +66,25 @@ def open_index(args: argparse.Namespace, must_exist: bool = False) -> CommandInd
 
     Refused, before the model loads: a --ratio other than the index's, --vectorstore with a published index (its
     vectors are in the store)."""
-    ratio = getattr(args, "ratio", None)
-    if args.index is None:
-        from ..integrations.published_index import published_manifest
+    from ..integrations.named_index import NamedIndex
 
-        if args.vectorstore is not None:
-            raise UserError("--vectorstore: an index published in --store keeps its vectors in the store; a vector "
-                            "store of your own is read with --index DIR, the directory it was ingested into")
-        manifest = published_manifest(args.store.open())
-        if manifest is not None and ratio is not None and ratio != manifest.get("ratio"):
+    ratio = getattr(args, "ratio", None)
+    if args.index is None and args.vectorstore is not None:
+        raise UserError("--vectorstore: an index published in --store keeps its vectors in the store; a vector "
+                        "store of your own is read with --index DIR, the directory it was ingested into")
+    named = NamedIndex(args.index, args.store.open() if args.index is None else None)
+    manifest = saved_manifest(args.index) if must_exist and args.index is not None else named.manifest()
+    if manifest is not None and ratio is not None and ratio != manifest.get("ratio"):
+        if args.index is None:
             raise UserError(f"the index published in {args.store} holds nuggets at r = {manifest.get('ratio'):g}; "
                             f"ingest into an --index directory to use r = {ratio:g}")
-        args.ratio = ratio if manifest is None else manifest.get("ratio")  # the nuggets it was built with
-        return CommandIndex(None, args.store, reading_compressor(args), loading.load_embeddings(args))
-    from ..integrations import read_manifest
-    from ..integrations.index_files import NUGGETS_DIR
-
-    manifest = saved_manifest(args.index) if must_exist else read_manifest(args.index)
-    if manifest is not None and ratio is not None and ratio != manifest.get("ratio"):
         raise UserError(f"the index in {args.index} holds nuggets at r = {manifest.get('ratio'):g}; "
                         f"ingest into a new --index directory to use r = {ratio}")
-    args.ratio = ratio if manifest is None else manifest.get("ratio")
+    args.ratio = ratio if manifest is None else manifest.get("ratio")  # the nuggets it was built with
+    if args.index is None:
+        return CommandIndex(None, args.store, reading_compressor(args), loading.load_embeddings(args))
+    from ..integrations.index_files import NUGGETS_DIR
+
     compressor = reading_compressor(args, store_dir=args.index / NUGGETS_DIR)
     embeddings = loading.load_embeddings(args)
     spec = loading.vectorstore_spec(args)

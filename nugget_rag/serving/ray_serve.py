@@ -38,9 +38,10 @@ from ..cancellation import Stop
 from ..components.compressor import NuggetCompressor
 from ..config import MergedFormat
 from ..integrations.index import NuggetIndex, ingest_into_directory
-from ..integrations.index_files import MANIFEST_FILE, IndexFileError, read_manifest
+from ..integrations.index_files import MANIFEST_FILE, IndexFileError
 from ..integrations.ingest_pipeline import ingest
-from ..integrations.published_index import PublishedIndex, published_manifest
+from ..integrations.named_index import NamedIndex
+from ..integrations.published_index import PublishedIndex
 from ..integrations.ray_ingest import (
     COMPRESSOR_SETTINGS,
     ModelLoader,
@@ -242,11 +243,8 @@ def _named(app, replica: str):
 def check_index_model(index_dir: str | Path | None, compressor: NuggetCompressor) -> None:
     """Refuse to serve an index (None: the one published in the compressor's store) whose nuggets another model (or
     ratio, or floor) made: a ModelMismatchError naming both. An index with no chunks yet takes any model."""
-    if index_dir is None:
-        manifest = published_manifest(compressor.store) or {}
-        where = f"the index published in {compressor.store.location}"
-    else:
-        manifest, where = read_manifest(index_dir) or {}, f"the index in {index_dir}"
+    named = NamedIndex(index_dir, compressor.store)
+    manifest, where = named.manifest() or {}, named.where
     saved = manifest.get("nugget_fingerprint")
     if manifest.get("count") and saved != compressor.fingerprint:
         raise ModelMismatchError(
