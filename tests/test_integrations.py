@@ -21,6 +21,7 @@ from nugget_rag.integrations import (
     NuggetIndex,
     NuggetRetriever,
     SentenceTransformerEmbeddings,
+    answer_chain,
     build_qa_chain,
     chunk_id,
     load_documents,
@@ -350,6 +351,23 @@ def test_qa_chain_answers_with_sources(index):
         build_qa_chain(index, llm, k=2, resolution=RetrieverRank(expand=3))
     text = build_qa_chain(index.as_retriever(k=2), llm, as_text=True).invoke(question)
     assert text == message.content  # greedy: the same answer
+
+
+def test_every_caller_of_the_question_path_gets_the_chains_checks(index):
+    """answer_chain (ask, the server, Ray replicas): the same answer as build_qa_chain's, whether the index retrieves
+    or the caller hands in what it retrieved, and the same refusals either way."""
+    question = "How fast does a falcon dive?"
+    llm = NuggetLLM(compressor=index.compressor, max_new_tokens=4)
+    expected = build_qa_chain(index, llm, k=2).invoke(question)
+    retrieved = index.as_retriever(k=2).invoke(question)
+    for chain in (answer_chain(index, 2, max_new_tokens=4), answer_chain(index, 2, retrieved=retrieved,
+                                                                          max_new_tokens=4)):
+        answer = chain.invoke(question)
+        assert answer.content == expected.content
+        assert answer.response_metadata["sources"] == expected.response_metadata["sources"]
+    for handed in (None, retrieved):
+        with pytest.raises(ValueError, match=r"RetrieverRank\(expand=3\) reads more chunks whole than k=2"):
+            answer_chain(index, 2, RetrieverRank(expand=3), retrieved=handed, max_new_tokens=4)
 
 
 def test_view_pieces_rebuild_the_text_and_mark_the_nuggets(compressor):
