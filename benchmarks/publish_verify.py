@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reporting import run_meta, write_report  # noqa: E402
+from reporting import add_out_option, run_meta, write_report  # noqa: E402
 from serve_throughput import redis_server  # noqa: E402
 from store_scale import WordHashEmbeddings, synthetic_corpus, tiny_model  # noqa: E402
 
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publishes", type=int, default=5, help="one-passage publishes measured")
     parser.add_argument("--seed", type=int, default=0, help="of the synthetic passages")
     parser.add_argument("--segment-values", type=int, default=8, help="values of 32 MiB checked both ways (0: none)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/publish-verify"))
+    add_out_option(parser, "publish-verify")
     args = parser.parse_args(argv)
     if min(args.passages, args.publishes) < 1:
         parser.error("--passages and --publishes must be >= 1")
