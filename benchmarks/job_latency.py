@@ -40,8 +40,8 @@ from langchain_core.documents import Document
 
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.integrations import NuggetIndex
-from nugget_rag.integrations.index_publishing import PublishOptions
-from nugget_rag.integrations.published_index import PublishedIndex
+from nugget_rag.integrations.published.index import PublishedIndex
+from nugget_rag.integrations.published.publishing import PublishOptions
 from nugget_rag.model.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.serving import create_app, serve_in_thread
 from nugget_rag.state.store import StoreLocation

@@ -41,9 +41,9 @@ from serve_throughput import redis_server  # noqa: E402
 from store_scale import WordHashEmbeddings, synthetic_corpus, tiny_model  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetStore  # noqa: E402
-from nugget_rag.integrations import index_publishing  # noqa: E402
-from nugget_rag.integrations.index_publishing import PublishOptions  # noqa: E402
-from nugget_rag.integrations.published_index import PublishedIndex  # noqa: E402
+from nugget_rag.integrations.published import publishing as index_publishing  # noqa: E402
+from nugget_rag.integrations.published.index import PublishedIndex  # noqa: E402
+from nugget_rag.integrations.published.publishing import PublishOptions  # noqa: E402
 
 
 def sent(client: Any) -> int:

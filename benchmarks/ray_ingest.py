@@ -25,7 +25,7 @@ from langchain_core.documents import Document
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.corpora import read_squad
 from nugget_rag.integrations import NuggetIndex, minilm_embeddings
-from nugget_rag.integrations.ray_ingest import ModelLoader, RayIngestOptions, ingest_distributed
+from nugget_rag.integrations.ingest.ray import ModelLoader, RayIngestOptions, ingest_distributed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

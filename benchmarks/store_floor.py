@@ -17,7 +17,7 @@ from qa_over_folder import DEFAULT_TOPICS, pick_documents  # noqa: E402
 from reporting import add_out_option, run_meta, table, write_report  # noqa: E402
 
 from nugget_rag.integrations import NuggetIndex, load_compressor, minilm_embeddings  # noqa: E402
-from nugget_rag.integrations.index_files import NUGGETS_DIR  # noqa: E402
+from nugget_rag.integrations.local.files import NUGGETS_DIR  # noqa: E402
 
 
 def main() -> int:

@@ -52,7 +52,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
 from nugget_rag.integrations import NuggetIndex, embedding_name, minilm_embeddings
-from nugget_rag.integrations.index_files import NUGGETS_DIR
+from nugget_rag.integrations.local.files import NUGGETS_DIR
 from nugget_rag.model.base_model import convert_default_model, prepare_base_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

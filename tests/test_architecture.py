@@ -199,9 +199,9 @@ def private_uses(modules: dict[str, Path]) -> list[str]:
 def test_the_graph_sees_every_kind_of_import():
     graph = import_graph(project_modules())
     assert "nugget_rag.model.nugget_model" in graph["nugget_rag"]  # relative, from a package's __init__
-    assert "nugget_rag.integrations.index" in graph["nugget_rag.integrations"]  # package-dir mapping
+    assert "nugget_rag.integrations.local.index" in graph["nugget_rag.integrations"]  # package-dir mapping
     assert "nugget_rag.model.nugget_model" in graph["nugget_rag.eval.systems.base"]  # under TYPE_CHECKING
-    assert "nugget_rag.integrations.prune" in graph["nugget_rag.cli.prune"]  # inside a function
+    assert "nugget_rag.integrations.ingest.ray" in graph["nugget_rag.cli.ingest"]  # inside a function
 
 
 def test_modules_import_each_other_without_a_cycle():
@@ -250,7 +250,7 @@ INJECTED = {  # a module added to the package with one violation each, and what 
     "upward": ("nugget_rag.state.injected", "def late():\n    from ..generation import decoding\n"),
     "long": ("nugget_rag.cli_injected", "x = 1\n" * (MODULE_LINES + 1)),
     "private module": ("nugget_rag.train.injected", "from ..eval.systems._kv import frozen_pass\n"),
-    "private name": ("nugget_rag.serving.injected", "from ..integrations.index import _add\n"),
+    "private name": ("nugget_rag.serving.injected", "from ..integrations.local.index import _add\n"),
     "top level": ("nugget_rag.injected", "x = 1\n"),
     "options": ("nugget_rag.cli.options", "from .opening import open_index\n"),
     "model.py": ("nugget_rag.model.nugget_model", "x = 1\n" * (MODEL_LINES + 1)),
@@ -274,7 +274,7 @@ def test_each_rule_fails_on_an_injected_violation(rule, tmp_path):
         assert "nugget_rag.train.injected:1: imports the private module nugget_rag.eval.systems._kv" in \
             private_uses(modules)
     elif rule == "private name":
-        assert private_uses(modules) == ["nugget_rag.serving.injected: from ..integrations.index import _add"]
+        assert private_uses(modules) == ["nugget_rag.serving.injected: from ..integrations.local.index import _add"]
     elif rule == "options":  # the options every command shares read no command: eval and train import them
         assert upward_imports(modules) == ["nugget_rag.cli.options -> nugget_rag.cli.opening"]
         assert find_cycle(layer_graph(modules)) is not None

@@ -30,7 +30,7 @@ from nugget_rag.integrations import (
     render_html,
     render_terminal,
 )
-from nugget_rag.integrations.embeddings import MINILM_NAME
+from nugget_rag.integrations.stores.embeddings import MINILM_NAME
 from nugget_rag.model.scorer import select_nuggets
 from nugget_rag.resolution import RetrieverRank
 
@@ -307,7 +307,7 @@ def test_a_failed_or_crashed_save_leaves_the_previous_index_whole(index, tmp_pat
         index.save(saved)
     assert sorted(p.name for p in saved.iterdir()) == before
     index.documents[-1].metadata.pop("when")
-    from nugget_rag.integrations import index_files
+    from nugget_rag.integrations.local import files as index_files
 
     real = index_files._write_json
     monkeypatch.setattr(index_files, "_write_json", lambda *a: (_ for _ in ()).throw(OSError("killed")))
@@ -469,7 +469,7 @@ def test_chunks_of_documents_without_a_source_are_named_by_id_or_digest(compress
 
 
 def test_html_shading_follows_score_ranks_so_an_outlier_does_not_flatten_it():
-    from nugget_rag.integrations.visualize import NuggetView, score_levels
+    from nugget_rag.integrations.retrieval.visualize import NuggetView, score_levels
 
     scores = [-9387.0, -2010.0, -2000.0, -1990.0]
     assert score_levels(scores) == pytest.approx([0, 1 / 3, 2 / 3, 1])

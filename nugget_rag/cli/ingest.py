@@ -24,7 +24,7 @@ from .options import (
 
 if TYPE_CHECKING:
     from ..components.compressor import NuggetCompressor
-    from ..integrations.index import NuggetIndex, Pipeline
+    from ..integrations.local.index import NuggetIndex, Pipeline
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from ..integrations import load_documents
 
     if args.ray is not None:
-        from ..integrations.ray_ingest import connect
+        from ..integrations.ingest.ray import connect
 
         connect(None if args.ray == "local" else args.ray)  # an unreachable cluster fails here, before any work
     elif args.workers or args.gpus_per_worker:
@@ -103,7 +103,7 @@ def ray_pipeline(args: argparse.Namespace) -> Pipeline | None:
     """With --ray: compress on the Ray workers (the rest of the ingest runs here); else None, all in this process."""
     if args.ray is None:
         return None
-    from ..integrations.ray_ingest import RayIngestOptions, ingest_distributed
+    from ..integrations.ingest.ray import RayIngestOptions, ingest_distributed
 
     options = RayIngestOptions(address=None if args.ray == "local" else args.ray, workers=args.workers,
                                gpus_per_worker=args.gpus_per_worker)
@@ -125,7 +125,7 @@ def report_ingest(args: argparse.Namespace, index: NuggetIndex, added: int, comp
                   written: int) -> None:
     """What an ingest into a directory did: documents, chunks, speed, where the nuggets are, and the bytes that
     `compressor` (the command's) stored."""
-    from ..integrations.index_files import NUGGETS_DIR
+    from ..integrations.local.files import NUGGETS_DIR
 
     stats = index.last_ingest
     seconds = max(stats["seconds"], 1e-9)

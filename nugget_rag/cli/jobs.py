@@ -29,7 +29,7 @@ def register(commands: argparse._SubParsersAction, model_options: argparse.Argum
 def run(args: argparse.Namespace) -> int:
     """`jobs list` the ingest jobs recorded in an index's store; `jobs resume ID` runs a job whose server stopped,
     from the documents it had not ingested, in this process (Ctrl-C leaves it to resume again)."""
-    from ..integrations.index_files import NUGGETS_DIR
+    from ..integrations.local.files import NUGGETS_DIR
     from ..serving.ingest_jobs import IngestJobError, reported
     from ..serving.job_records import JobRecords
     from ..state.store import NuggetStore

@@ -1,4 +1,4 @@
-"""`nugget-rag refloor`: cut every stored state of an index to a coarser floor (integrations/refloor.py)."""
+"""`nugget-rag refloor`: cut every stored state of an index to a coarser floor (integrations/local/refloor.py)."""
 
 from __future__ import annotations
 

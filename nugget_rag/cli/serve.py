@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serving import create_app
 
     if args.ray is not None:
-        from ..integrations.ray_ingest import connect
+        from ..integrations.ingest.ray import connect
         from ..serving.ray_serve import REPLICA_NICENESS
 
         replicas = args.replicas or (1, None)

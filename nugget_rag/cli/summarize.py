@@ -18,7 +18,7 @@ from .options import UserError, add_stores_options, positive_int, ratio_arg
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
-    from ..integrations.summary_chain import NuggetSummarizer, SummaryReading
+    from ..integrations.retrieval.summary_chain import NuggetSummarizer, SummaryReading
 
     summarize = commands.add_parser("summarize", parents=[model_options], help="summarise long files from their nuggets",
                                     description="Compress the files into nuggets (stored for reuse) and stream one "
@@ -39,7 +39,7 @@ def register(commands: argparse._SubParsersAction, model_options: argparse.Argum
 
 def run(args: argparse.Namespace) -> int:
     from ..integrations import load_documents
-    from ..integrations.summary_chain import NuggetSummarizer
+    from ..integrations.retrieval.summary_chain import NuggetSummarizer
 
     documents = [d for d in load_documents(args.paths) if d.page_content.strip()]
     if not documents:

@@ -37,12 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..cancellation import Stop
 from ..components.compressor import NuggetCompressor
 from ..config import MergedFormat
-from ..integrations.index import NuggetIndex, ingest_into_directory
-from ..integrations.index_files import MANIFEST_FILE, IndexFileError
-from ..integrations.ingest_pipeline import ingest
-from ..integrations.named_index import NamedIndex
-from ..integrations.published_index import PublishedIndex
-from ..integrations.ray_ingest import (
+from ..integrations.ingest.pipeline import ingest
+from ..integrations.ingest.ray import (
     COMPRESSOR_SETTINGS,
     ModelLoader,
     ModelMismatchError,
@@ -51,7 +47,11 @@ from ..integrations.ray_ingest import (
     connect,
     shared_location,
 )
-from ..integrations.vectorstores import VectorStoreSpec
+from ..integrations.local.files import MANIFEST_FILE, IndexFileError
+from ..integrations.local.index import NuggetIndex, ingest_into_directory
+from ..integrations.published.index import PublishedIndex
+from ..integrations.published.named import NamedIndex
+from ..integrations.stores.spec import VectorStoreSpec
 from ..model import NuggetModel
 from ..state.store import StoreLocation
 from .app import create_app

@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from ..components.resolution import RESOLUTIONS
 from ..config import ANSWER_NO_REPEAT_NGRAM_SIZE
-from ..integrations.summary_chain import SummaryReading
+from ..integrations.retrieval.summary_chain import SummaryReading
 
 
 def _check_unicode(where: str, text: str) -> None:

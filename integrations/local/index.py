@@ -18,11 +18,20 @@ from nugget_rag.cancellation import Stop, cancellable
 from nugget_rag.components.compressor import NuggetCompressor
 from nugget_rag.state.store import NuggetStore
 
-from . import ingest_pipeline, user_store
-from .chunking import split_documents, token_splitter
-from .embeddings import embedding_name, minilm_embeddings
-from .faiss_store import copy_faiss, empty_faiss, faiss_bytes, load_faiss
-from .index_files import (
+from ..ingest import pipeline as ingest_pipeline
+from ..ingest.chunking import split_documents, token_splitter
+from ..stores import user_store
+from ..stores.embeddings import embedding_name, minilm_embeddings
+from ..stores.spec import (
+    check_dimension,
+    check_holds,
+    check_vectorstore,
+    store_collection,
+    store_embeddings,
+    vectorstore_name,
+)
+from ..stores.user_store import CHUNK_IDS, UUID_IDS, check_flat, store_id
+from .files import (
     INDEX_FORMAT,
     MANIFEST_FILE,
     NUGGETS_DIR,
@@ -36,17 +45,9 @@ from .index_files import (
     store_name,
     write_index,
 )
-from .index_settings import built_settings
+from .own_faiss import copy_faiss, empty_faiss, faiss_bytes, load_faiss
 from .retriever import NuggetRetriever
-from .user_store import CHUNK_IDS, UUID_IDS, check_flat, store_id
-from .vectorstores import (
-    check_dimension,
-    check_holds,
-    check_vectorstore,
-    store_collection,
-    store_embeddings,
-    vectorstore_name,
-)
+from .settings import built_settings
 
 log = logging.getLogger(__name__)
 

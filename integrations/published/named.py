@@ -9,8 +9,8 @@ from typing import Any
 
 from nugget_rag.state.store import NuggetStore
 
-from .index_files import read_manifest
-from .published_index import published_manifest
+from ..local.files import read_manifest
+from .index import published_manifest
 
 
 @dataclass(frozen=True)

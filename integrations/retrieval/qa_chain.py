@@ -15,7 +15,7 @@ from nugget_rag.components.compressor import METADATA_KEY, NuggetCompressor
 from nugget_rag.components.llm import NuggetLLM
 from nugget_rag.components.resolution import ResolutionPolicy, resolve_policy
 
-from .index import NuggetIndex
+from ..local.index import NuggetIndex
 
 
 def build_qa_chain(

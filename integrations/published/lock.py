@@ -18,7 +18,7 @@ from filelock import FileLock, Timeout
 from nugget_rag.cancellation import check
 from nugget_rag.state.store import NuggetStore, StoreUnavailableError
 
-from .index_segments import PREFIX, describe
+from .segments import PREFIX, describe
 
 log = logging.getLogger(__name__)
 

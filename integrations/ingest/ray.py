@@ -43,9 +43,9 @@ from nugget_rag.model import NuggetModel
 from nugget_rag.model.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.state.store import NuggetStore, StoreLocation, StoreUnavailableError
 
-from .index import NuggetIndex
-from .ingest_pipeline import compress, embed, ingest
+from ..local.index import NuggetIndex
 from .loaders import read_documents
+from .pipeline import compress, embed, ingest
 
 try:
     import ray

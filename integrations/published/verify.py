@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from nugget_rag.state.store import NuggetStore
 
-from .index_segments import (
+from .segments import (
     DamagedIndexError,
     Pointer,
     SegmentCache,

@@ -25,10 +25,10 @@ from pydantic import BaseModel
 
 from nugget_rag.state.store import NuggetStore
 
-from .index_files import LOCK_FILE, MANIFEST_FILE, index_location, read_manifest, read_records
-from .index_publishing import published_texts
-from .index_segments import PREFIX, read_pointer
-from .publish_lock import publish_lock
+from ..local.files import LOCK_FILE, MANIFEST_FILE, index_location, read_manifest, read_records
+from .lock import publish_lock
+from .publishing import published_texts
+from .segments import PREFIX, read_pointer
 
 
 class PruneReport(BaseModel):

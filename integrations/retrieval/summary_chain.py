@@ -29,7 +29,7 @@ from nugget_rag.config import DECODER
 from nugget_rag.generation.decoding import GenerationSettings, RowSteps, generate, generation_steps
 from nugget_rag.prompts import SUMMARY_PROMPT, chat_token_ids
 
-from .chunking import token_splitter
+from ..ingest.chunking import token_splitter
 
 SummaryReading = Literal["outline", "sections", "nuggets"]
 FINISH_SENTENCE = 32  # tokens past a limit to end the sentence it cut

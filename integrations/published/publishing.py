@@ -25,10 +25,11 @@ from pydantic import BaseModel, Field, field_validator
 from nugget_rag.cancellation import check
 from nugget_rag.state.store import NuggetStore
 
-from .faiss_store import faiss_vectors
-from .index import NuggetIndex
-from .index_files import IndexFileError
-from .index_segments import (
+from ..local.files import IndexFileError
+from ..local.index import NuggetIndex
+from ..local.own_faiss import faiss_vectors
+from .lock import PublishLock
+from .segments import (
     Pointer,
     SegmentCache,
     SegmentRef,
@@ -50,8 +51,7 @@ from .index_segments import (
     sources_of,
     version_key,
 )
-from .index_verify import check_sizes, verify_listed
-from .publish_lock import PublishLock
+from .verify import check_sizes, verify_listed
 
 log = logging.getLogger(__name__)
 
