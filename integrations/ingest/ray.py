@@ -43,9 +43,8 @@ from nugget_rag.model import NuggetModel
 from nugget_rag.model.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.state.store import NuggetStore, StoreLocation, StoreUnavailableError
 
-from ..local.index import NuggetIndex
 from .loaders import read_documents
-from .pipeline import compress, embed, ingest
+from .pipeline import IngestTarget, compress, embed, ingest
 
 try:
     import ray
@@ -151,7 +150,7 @@ def connect(address: str | None, worker_niceness: int | None = None, **init: Any
 
 
 def ingest_distributed(
-    index: NuggetIndex,
+    index: IngestTarget,
     data: ray.data.Dataset | Sequence[str | Path] | Sequence[Document],
     options: RayIngestOptions | None = None,
     model: ModelLoader | Callable[[], NuggetModel] | None = None,
@@ -212,7 +211,7 @@ class RayCompression:
         self.options, self.model = options, model if model is not None else ModelLoader()
         self.stats: dict[str, Any] = {}
 
-    def __call__(self, index: NuggetIndex, chunks: list[Document]) -> Iterator[tuple[list[Document], list]]:
+    def __call__(self, index: IngestTarget, chunks: list[Document]) -> Iterator[tuple[list[Document], list]]:
         location = shared_location(index.compressor.store)
         if location.directory is not None and len(ray.nodes()) > 1:
             log.warning("the nuggets go to the directory %s: every node of the cluster must see it (a shared "
@@ -229,7 +228,7 @@ class RayCompression:
                     for chunk, r in part],
                    [np.frombuffer(r.vector, dtype=np.float32) for _, r in part])
 
-    def _worker_args(self, index: NuggetIndex, location: StoreLocation) -> dict[str, Any]:
+    def _worker_args(self, index: IngestTarget, location: StoreLocation) -> dict[str, Any]:
         """CompressWorker's arguments: the model to load, the driver compressor's settings and fingerprint, the
         store and the embeddings (sent to each worker; SentenceTransformerEmbeddings as their path)."""
         loader, compressor = self.model, index.compressor
@@ -239,7 +238,7 @@ class RayCompression:
                 "store": location, "embeddings": index.embeddings, "fingerprint": compressor.fingerprint,
                 "threads": self.options.threads_per_worker}
 
-    def _run(self, index: NuggetIndex, chunks: list[Document], workers: int,
+    def _run(self, index: IngestTarget, chunks: list[Document], workers: int,
              location: StoreLocation) -> list[ChunkResult]:
         """Run the actor pool over the chunks: each chunk's result, as they come, with a progress bar."""
         results: list[ChunkResult] = []
