@@ -25,6 +25,10 @@ ALIASES = {"integrations": "nugget_rag.integrations"}  # how tests and scripts i
 MODEL_LINES = 350
 MODULE_LINES = 400
 TOP_LEVEL_MODULES = 6  # nugget_rag/*.py, __init__.py included
+# integrations/'s subpackages that README's layout table must list in this order, the first lowest: the published index
+# reads the local index, which reads the stores, never back
+INTEGRATIONS_ORDER = ("integrations/stores", "integrations/local", "integrations/published")
+INTEGRATIONS_TOP = {"nugget_rag.integrations.nugget_model", "nugget_rag.integrations.ray_ingest"}  # outside them
 
 
 def project_modules() -> dict[str, Path]:
@@ -138,6 +142,18 @@ def upward_imports(modules: dict[str, Path]) -> list[str]:
                   if layer(name) != layer(module) and rows[layer(name)] >= rows[layer(module)])
 
 
+def misordered(rows: dict[str, int]) -> list[str]:
+    """INTEGRATIONS_ORDER's subpackages, where README's layout table lists them otherwise (or leaves one out)."""
+    found = [rows.get(name) for name in INTEGRATIONS_ORDER]
+    return [] if None not in found and found == sorted(found) else list(INTEGRATIONS_ORDER)
+
+
+def loose_integrations(modules: dict[str, Path]) -> list[str]:
+    """integrations/'s modules in none of its subpackages (its __init__ and INTEGRATIONS_TOP aside)."""
+    return sorted(module for module in modules if module.startswith("nugget_rag.integrations.")
+                  and layer(module) == "integrations" and module not in INTEGRATIONS_TOP)
+
+
 def long_modules(modules: dict[str, Path]) -> dict[str, int]:
     return {module: n for module, path in modules.items()
             if (n := len(path.read_text().splitlines())) > MODULE_LINES}
@@ -223,6 +239,14 @@ def test_each_layer_imports_only_the_layers_listed_above_it():
     assert not upward, "imports of a layer listed at or below the importer's row:\n" + "\n".join(upward)
 
 
+def test_integrations_go_published_then_local_index_then_stores_never_back():
+    """Each subpackage of integrations/ is a layer of README's layout table (so the rule above holds them to its
+    order), the stores below the local index below the published index; its modules are in them, by job."""
+    assert not misordered(layout_rows()), f"README's layout table must list {' < '.join(INTEGRATIONS_ORDER)}"
+    loose = loose_integrations(project_modules())
+    assert not loose, f"integrations/ modules outside its subpackages: {loose}; put each in the subpackage of its job"
+
+
 def test_the_top_level_holds_few_modules():
     top = top_level(project_modules())
     assert len(top) <= TOP_LEVEL_MODULES, f"nugget_rag/ has {len(top)} modules ({', '.join(top)}): at most " \
@@ -254,7 +278,18 @@ INJECTED = {  # a module added to the package with one violation each, and what 
     "top level": ("nugget_rag.injected", "x = 1\n"),
     "options": ("nugget_rag.cli.options", "from .opening import open_index\n"),
     "model.py": ("nugget_rag.model.nugget_model", "x = 1\n" * (MODEL_LINES + 1)),
+    "stores back": ("nugget_rag.integrations.stores.injected", "from ..local.index import NuggetIndex\n"),
+    "local back": ("nugget_rag.integrations.local.injected", "def late():\n    from ..published import index\n"),
+    "loose": ("nugget_rag.integrations.injected", "x = 1\n"),
 }
+
+
+def test_the_integrations_order_fails_on_a_layout_table_listing_it_otherwise():
+    rows = dict(layout_rows())
+    assert not misordered(rows)
+    rows["integrations/published"], rows["integrations/local"] = rows["integrations/local"], rows["integrations/published"]
+    assert misordered(rows) == list(INTEGRATIONS_ORDER)
+    assert misordered({name: row for name, row in layout_rows().items() if name != "integrations/stores"})
 
 
 @pytest.mark.parametrize("rule", INJECTED)
@@ -278,6 +313,15 @@ def test_each_rule_fails_on_an_injected_violation(rule, tmp_path):
     elif rule == "options":  # the options every command shares read no command: eval and train import them
         assert upward_imports(modules) == ["nugget_rag.cli.options -> nugget_rag.cli.opening"]
         assert find_cycle(layer_graph(modules)) is not None
+    elif rule == "stores back":
+        assert upward_imports(modules) == [
+            "nugget_rag.integrations.stores.injected -> nugget_rag.integrations.local.index"]
+        assert find_cycle(layer_graph(modules)) is not None  # the local index reads the stores
+    elif rule == "local back":
+        assert upward_imports(modules) == [
+            "nugget_rag.integrations.local.injected -> nugget_rag.integrations.published.index"]
+    elif rule == "loose":
+        assert loose_integrations(modules) == [module]
     elif rule == "top level":
         assert len(top_level(modules)) == len(top_level(project_modules())) + 1 > TOP_LEVEL_MODULES
     else:
