@@ -1,4 +1,4 @@
-"""A damaged published index (integrations/published/check.py, index_verify.py), on a real redis-server: a publish never
+"""A damaged published index (integrations/published/check.py, verify.py), on a real redis-server: a publish never
 builds on a missing or altered segment, `nugget-rag index check` names what is broken and `--repair` mends it or
 publishes a consistent version without what is lost, and the job of a killed process resumes with only the store's
 URL. Each test breaks the store as an operator or a fault would (SETRANGE, DEL, OOM, a full lock)."""

@@ -1,4 +1,4 @@
-"""Distributed ingest on Ray Data: ingest_pipeline's ingest, whose compress stage runs on a pool of actors, each
+"""Distributed ingest on Ray Data: pipeline.py's ingest, whose compress stage runs on a pool of actors, each
 holding one nugget model, compressing into one shared store.
 
     with NuggetIndex.updating("my-index", NuggetCompressor.from_pretrained(store=NuggetStore.from_redis(URL))) as index:
@@ -156,7 +156,7 @@ def ingest_distributed(
     model: ModelLoader | Callable[[], NuggetModel] | None = None,
     stop: Stop | None = None,
 ) -> int:
-    """`index.ingest` on a Ray cluster: ingest_pipeline's ingest of `data` (file and folder paths, Documents, or a
+    """`index.ingest` on a Ray cluster: pipeline.py's ingest of `data` (file and folder paths, Documents, or a
     Ray Dataset), compressing on the Ray workers into the shared store (RayCompression); returns the new chunks.
 
     `model` is what each worker loads (default `ModelLoader()`: the default checkpoint, in the driver model's dtype);
@@ -201,7 +201,7 @@ def _row_document(row: dict[str, Any]) -> Document:
 
 
 class RayCompression:
-    """ingest_pipeline's compress stage on a Ray cluster: a fixed pool of CompressWorker actors (`options`; each
+    """pipeline.py's compress stage on a Ray cluster: a fixed pool of CompressWorker actors (`options`; each
     loads `model`, default `ModelLoader()`) compresses the chunks into the shared store and embeds them; the batches
     come back in the chunks' order. `stats`: the workers, the states computed (the rest were in the store), the
     seconds until the first results came ("startup_seconds": Ray, loading the models, a first batch) and the tokens/s

@@ -1,5 +1,5 @@
 """An index of document chunks in a vector store (FAISS, or any LangChain vector store) whose nuggets live in the
-compressor's store beside it: ingest, delete, retrieval, and its save and load (the files: index_files.py)."""
+compressor's store beside it: ingest, delete, retrieval, and its save and load (the files: files.py)."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ class NuggetIndex:
         docstore = encode_records(self.documents, self.ids, directory)  # before anything is written
         own_faiss = self.user_vectorstore is None and self.vectorstore is not None
         write_index(directory, self.manifest(), docstore, faiss_bytes(self.vectorstore) if own_faiss else None)
-        if nuggets.location is not None and nuggets.location.is_redis:  # a store other indexes share: what prune keeps (integrations/prune.py)
+        if nuggets.location is not None and nuggets.location.is_redis:  # a store other indexes share: what prune keeps
             nuggets.register_index(index_location(directory))
         return directory
 

@@ -1,5 +1,5 @@
 """The settings an index was built with, as its manifest records them (embeddings, nugget floor, chunking), taken on
-by whatever opens it: a saved index (index.py's `NuggetIndex.load`) or one published in a store (published_index.py).
+by whatever opens it: a saved index (index.py's `NuggetIndex.load`) or one published in a store (published/index.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`nugget-rag index check`: the published index's fsck (the layout: index_segments.py), and its repair.
+"""`nugget-rag index check`: the published index's fsck (the layout: segments.py), and its repair.
 
     report = check_index(store, "default")            # every version the pointer names: record, segments, counts
     report = repair_index(store, "default", caches)   # rewrite what a verified copy has; publish without the rest

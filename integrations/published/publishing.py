@@ -1,4 +1,4 @@
-"""Publishing a version of an index in a nugget store (the layout: index_segments.py), one publisher at a time.
+"""Publishing a version of an index in a nugget store (the layout: segments.py), one publisher at a time.
 
 A publish appends: the chunks a version adds go into new segments, the earlier ones stay as they are, so that a
 large index is not rewritten at every ingest. When more than `max_small_segments` segments are small (under a
@@ -9,7 +9,7 @@ crashes before the pointer leaves the previous version current and whole.
 The pointer keeps the `keep_versions - 1` versions before the current one, so that a reader still loading one finds
 it whole; older versions, and the segments only they list, are removed once the pointer has moved on. Publishers take
 turns under a lock: Redis's (a key that expires, should its holder die), a file lock beside a directory store, or a
-lock of this process for any other ByteStore (publish_lock.py).
+lock of this process for any other ByteStore (lock.py).
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@
 Every replica loads one model (`ModelLoader`, as an ingest worker does) and refuses to start when its fingerprint is
 not the driver's; the driver itself refuses an index whose nuggets another model made, before any replica starts.
 The replicas read one shared nugget store (Redis, or a directory every node sees) and the index either published
-in that store (`index_dir=None`: published_index.py; each replica needs only the store's URL) or in one index
+in that store (`index_dir=None`: integrations/published/; each replica needs only the store's URL) or in one index
 directory (a filesystem every node mounts at the same path). Before each use a replica checks the published pointer
 (one small read) or the directory's manifest (one stat); when another replica's ingest replaced it, it loads the new
-version, so an ingest through any replica is seen by all. POST /ingest (and its background jobs) runs ingest_pipeline's
-ingest, compressing on Ray Data (RayCompression), then publishes (or saves, under the directory's lock).
+version, so an ingest through any replica is seen by all. POST /ingest (and its background jobs) runs the ingest
+pipeline's ingest, compressing on Ray Data (RayCompression), then publishes (or saves, under the directory's lock).
 
 Routes, API key, streaming and OpenAI compatibility are the single-process server's; /health and /metrics describe
 the replica that answered, named by every response's `x-nugget-replica` header. With `max_replicas`, Serve scales
@@ -191,7 +191,7 @@ class ReplicaIndex:
 
 
 def ingest_on_ray(spec: ReplicaSpec, index: NuggetIndex, documents: list[Document], stop: Stop | None = None) -> int:
-    """A replica's ingest: ingest_pipeline's, into `index`, compressing on Ray Data with the workers that start now."""
+    """A replica's ingest: the ingest pipeline's, into `index`, compressing on Ray Data with the workers that start now."""
     options = spec.ingest
     free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
     workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
