@@ -29,6 +29,8 @@ TOP_LEVEL_MODULES = 6  # nugget_rag/*.py, __init__.py included
 # reads the local index, which reads the stores, never back
 INTEGRATIONS_ORDER = ("integrations/stores", "integrations/local", "integrations/published")
 INTEGRATIONS_TOP = {"nugget_rag.integrations.nugget_model", "nugget_rag.integrations.ray_ingest"}  # outside them
+# public import paths that re-export: users import through them, the package from the modules they re-export
+RE_EXPORTS = {"nugget_rag.resolution", "nugget_rag.integrations.ray_ingest"}
 
 
 def project_modules() -> dict[str, Path]:
@@ -154,6 +156,12 @@ def loose_integrations(modules: dict[str, Path]) -> list[str]:
                   and layer(module) == "integrations" and module not in INTEGRATIONS_TOP)
 
 
+def re_export_imports(modules: dict[str, Path]) -> list[str]:
+    """Imports of RE_EXPORTS from inside the package."""
+    return sorted(f"{module} -> {name}" for module, path in modules.items()
+                  for _, name in imports(module, path, modules) if name in RE_EXPORTS)
+
+
 def long_modules(modules: dict[str, Path]) -> dict[str, int]:
     return {module: n for module, path in modules.items()
             if (n := len(path.read_text().splitlines())) > MODULE_LINES}
@@ -247,6 +255,12 @@ def test_integrations_go_published_then_local_index_then_stores_never_back():
     assert not loose, f"integrations/ modules outside its subpackages: {loose}; put each in the subpackage of its job"
 
 
+def test_the_package_imports_what_a_public_path_re_exports_from_its_home():
+    """One place to import the reading plan from (components/resolution.py), and Ray ingest (ingest/ray.py)."""
+    found = re_export_imports(project_modules())
+    assert not found, "imports of a re-export, not of its home:\n" + "\n".join(found)
+
+
 def test_the_top_level_holds_few_modules():
     top = top_level(project_modules())
     assert len(top) <= TOP_LEVEL_MODULES, f"nugget_rag/ has {len(top)} modules ({', '.join(top)}): at most " \
@@ -281,6 +295,7 @@ INJECTED = {  # a module added to the package with one violation each, and what 
     "stores back": ("nugget_rag.integrations.stores.injected", "from ..local.index import NuggetIndex\n"),
     "local back": ("nugget_rag.integrations.local.injected", "def late():\n    from ..published import index\n"),
     "loose": ("nugget_rag.integrations.injected", "x = 1\n"),
+    "re-export": ("nugget_rag.cli.injected", "from ..resolution import RESOLUTIONS\n"),
 }
 
 
@@ -320,6 +335,8 @@ def test_each_rule_fails_on_an_injected_violation(rule, tmp_path):
     elif rule == "local back":
         assert upward_imports(modules) == [
             "nugget_rag.integrations.local.injected -> nugget_rag.integrations.published.index"]
+    elif rule == "re-export":
+        assert re_export_imports(modules) == ["nugget_rag.cli.injected -> nugget_rag.resolution"]
     elif rule == "loose":
         assert loose_integrations(modules) == [module]
     elif rule == "top level":
