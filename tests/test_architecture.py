@@ -251,14 +251,14 @@ def test_integrations_go_published_then_local_index_then_stores_never_back():
     """Each subpackage of integrations/ is a layer of README's layout table (so the rule above holds them to its
     order), the stores below the local index below the published index; its modules are in them, by job."""
     assert not misordered(layout_rows()), f"README's layout table must list {' < '.join(INTEGRATIONS_ORDER)}"
-    loose = loose_integrations(project_modules())
-    assert not loose, f"integrations/ modules outside its subpackages: {loose}; put each in the subpackage of its job"
+    assert not (loose := loose_integrations(project_modules())), \
+        f"integrations/ modules outside its subpackages: {loose}; put each in the subpackage of its job"
 
 
 def test_the_package_imports_what_a_public_path_re_exports_from_its_home():
     """One place to import the reading plan from (components/resolution.py), and Ray ingest (ingest/ray.py)."""
-    found = re_export_imports(project_modules())
-    assert not found, "imports of a re-export, not of its home:\n" + "\n".join(found)
+    assert not (found := re_export_imports(project_modules())), \
+        "imports of a re-export, not of its home:\n" + "\n".join(found)
 
 
 def test_the_top_level_holds_few_modules():
