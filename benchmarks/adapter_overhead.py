@@ -14,23 +14,24 @@ Writes benchmarks/results/<name>.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import shlex
 import statistics
 import sys
-from datetime import date
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from nugget_rag.cli_options import checkpoint_arg
-from nugget_rag.config import DECODER
-from nugget_rag.eval.speed import QUESTION, no_eos, timed_generation
-from nugget_rag.model import NuggetModel
-from nugget_rag.model.base_model import BaseLM, load_base_model, prepare_base_model
-from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import add_name_options, made_by, run_meta, table, write_report  # noqa: E402
+
+from nugget_rag.cli.options import checkpoint_arg  # noqa: E402
+from nugget_rag.config import DECODER  # noqa: E402
+from nugget_rag.eval.speed import QUESTION, no_eos, timed_generation  # noqa: E402
+from nugget_rag.model import NuggetModel  # noqa: E402
+from nugget_rag.model.base_model import BaseLM, load_base_model, prepare_base_model  # noqa: E402
+from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages  # noqa: E402
 
 MODES = {  # label: (adapter, merged_adapters, merged_format)
     "nuggets, adapters off": (None, (), "float"),
@@ -83,25 +84,22 @@ def measure(model: NuggetModel, args) -> dict:
     return {"nuggets": sum(s.k for s in states), "full_prompt_tokens": len(full_prompt), "rows": rows}
 
 
-def report(result: dict, args, command: str) -> str:
+def report(result: dict, args) -> str:
     rows = result["rows"]
     lora = rows["nuggets, decoder as LoRA"]
     lines = [
         f"# Decoder adapter overhead: {result['model']}",
         "",
-        f"Command: `{command}`  ",
-        f"Date: {date.today()}; machine: {platform.machine()} {result['device']}, {torch.get_num_threads()} threads; "
-        f"torch {torch.__version__}; {args.documents} documents of {args.doc_tokens} tokens, r = {args.ratio:g} "
-        f"({result['nuggets']} nuggets; Full's prompt {result['full_prompt_tokens']} tokens); medians of "
-        f"{args.repeats}, decode over {args.steps - 1} tokens.",
+        *made_by(result["meta"], f"{result['device']}, {torch.get_num_threads()} threads",
+                 f"torch {torch.__version__}; {args.documents} documents of {args.doc_tokens} tokens, r = "
+                 f"{args.ratio:g} ({result['nuggets']} nuggets; Full's prompt {result['full_prompt_tokens']} tokens); "
+                 f"medians of {args.repeats}, decode over {args.steps - 1} tokens"),
         "",
-        "| system | TTFT (ms) | decode (ms/token) | TTFT vs LoRA | decode vs LoRA |",
-        "|---|---|---|---|---|",
+        *table(["system", "TTFT (ms)", "decode (ms/token)", "TTFT vs LoRA", "decode vs LoRA"],
+               ([label, f"{row['ttft_s'] * 1e3:.1f}", f"{row['decode_s_per_token'] * 1e3:.2f}",
+                 f"{lora['ttft_s'] / row['ttft_s']:.2f}x",
+                 f"{lora['decode_s_per_token'] / row['decode_s_per_token']:.2f}x"] for label, row in rows.items())),
     ]
-    for label, row in rows.items():
-        lines.append(f"| {label} | {row['ttft_s'] * 1e3:.1f} | {row['decode_s_per_token'] * 1e3:.2f} | "
-                     f"{lora['ttft_s'] / row['ttft_s']:.2f}x | "
-                     f"{lora['decode_s_per_token'] / row['decode_s_per_token']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -118,8 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--device", default=None)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--name", default="adapter-overhead")
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
+    add_name_options(parser, "adapter-overhead")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -128,13 +125,10 @@ def main(argv: list[str] | None = None) -> None:
         model = NuggetModel(base)
     else:
         model = NuggetModel.from_pretrained(args.checkpoint, base_model=args.base_model, device=args.device)
-    result = measure(model, args) | {"model": model.base_name, "device": str(model.device)}
     command = shlex.join(["python", "benchmarks/adapter_overhead.py", *(sys.argv[1:] if argv is None else argv)])
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{args.name}.json").write_text(json.dumps(result | {"command": command}, indent=2))
-    text = report(result, args, command)
-    (args.out_dir / f"{args.name}.md").write_text(text)
-    print(text)
+    meta = run_meta(command=command)
+    result = {"meta": meta, **measure(model, args), "model": model.base_name, "device": str(model.device)}
+    write_report(args.out_dir / args.name, result, report(result, args))
 
 
 if __name__ == "__main__":

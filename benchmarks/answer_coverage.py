@@ -14,22 +14,23 @@ seeded shuffle of the split). Writes benchmarks/results/answer-coverage.{md,json
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import random
 import shlex
 import sys
-from datetime import date
 from pathlib import Path
 
 import torch
 
-from nugget_rag import NuggetModel
-from nugget_rag.corpora import read_squad
-from nugget_rag.eval.tasks import seeded_sample
-from nugget_rag.model.scorer import select_nuggets
-from nugget_rag.train.warm_start import answer_spans, importance_targets
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import RESULTS, made_by, run_meta, table, write_report  # noqa: E402
+
+from nugget_rag import NuggetModel  # noqa: E402
+from nugget_rag.corpora import read_squad  # noqa: E402
+from nugget_rag.eval.tasks import seeded_sample  # noqa: E402
+from nugget_rag.model.scorer import select_nuggets  # noqa: E402
+from nugget_rag.train.warm_start import answer_spans, importance_targets  # noqa: E402
 
 
 def scorer_selection(model: NuggetModel, ids: list[int], ratio: float) -> set[int]:
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoints", nargs="+", default=["default"],
                         help="checkpoint directories whose Scorers to compare; 'default' (shipped), 'none' (untrained)")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -91,24 +92,17 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = {name: {str(r): coverage(v) for r, v in by_ratio.items()} for name, by_ratio in shares.items()}
     command = shlex.join(["python", "benchmarks/answer_coverage.py", *(sys.argv[1:] if argv is None else argv)])
+    meta = run_meta(command=command)
     questions = len(next(iter(next(iter(shares.values())).values())))
     lines = ["# Does a selection keep the answer? (SQuAD, query-agnostic selections)", "",
-             f"Command: `{command}`  ",
-             f"Date: {date.today()}; {platform.machine()} CPU, torch {torch.__version__}; {questions} {args.split} "
-             f"questions (seeded sample, seed {args.seed}).", "",
+             *made_by(meta, f"torch {torch.__version__}; {questions} {args.split} questions (seeded sample, seed "
+                      f"{args.seed})"), "",
              "Share of questions with some / a whole gold answer among the kept positions, and the mean share of an "
              "answer's tokens kept (best occurrence).", "",
-             "| selection | " + " | ".join(f"r = {r:g}: any / whole / mean" for r in args.ratios) + " |",
-             "|---|" + "---|" * len(args.ratios)]
-    for name, by_ratio in rows.items():
-        cells = [f"{c['any']:.1f} / {c['whole']:.1f} / {c['mean_share']:.1f}" for c in by_ratio.values()]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "answer-coverage.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
-    (args.out_dir / "answer-coverage.md").write_text(text)
-    print(text)
-
+             *table(["selection", *(f"r = {r:g}: any / whole / mean" for r in args.ratios)],
+                    ([name, *(f"{c['any']:.1f} / {c['whole']:.1f} / {c['mean_share']:.1f}" for c in by_ratio.values())]
+                     for name, by_ratio in rows.items()))]
+    write_report(args.out_dir / "answer-coverage", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
 
 if __name__ == "__main__":
     main()

@@ -12,20 +12,20 @@ gradient between the two. Writes benchmarks/results/<name>.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import shlex
 import statistics
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
 
-from nugget_rag.corpora import read_squad
-from nugget_rag.eval.tasks import seeded_sample
-from nugget_rag.model import NuggetModel
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import add_name_options, device_name, made_by, run_meta, table, write_report  # noqa: E402
+
+from nugget_rag.corpora import read_squad  # noqa: E402
+from nugget_rag.eval.tasks import seeded_sample  # noqa: E402
+from nugget_rag.model import NuggetModel  # noqa: E402
 
 PATHS = ("reference", "fused")
 
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per path, after one untimed each")
     parser.add_argument("--threads", type=int)
-    parser.add_argument("--name", default="attention-paths")
+    add_name_options(parser, "attention-paths")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -86,22 +86,17 @@ def main() -> None:
     loss_diff = float((loss_a - loss_b).abs())
     grad_diff = max(float((grads_a[n].float() - grads_b[n].float()).abs().max()) for n in grads_a)
     median = {p: statistics.median(t) for p, t in times.items()}
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
+    meta = run_meta(device=device_name())
     tokens = sum(map(len, docs)) + int(mask.sum())
-    lines = [f"# Decoder attention in training: reference and fused ({date.today()})", "",
-             f"`python {shlex.join(sys.argv)}` on {device}, torch {torch.__version__}, {model.dtype}; batch "
-             f"{args.batch_size}, {args.documents} documents a sample at r = {args.ratio:g}, {tokens} tokens a step.", "",
-             "| path | seconds per step (median) | tokens/s | vs reference |", "|---|---|---|---|"]
-    lines += [f"| {p} | {median[p]:.3f} | {tokens / median[p]:.0f} | {median['reference'] / median[p]:.2f}x |"
-              for p in PATHS]
-    lines += ["", f"Largest difference between the paths: loss {loss_diff:.2e}, any gradient {grad_diff:.2e}."]
-    out = Path("benchmarks/results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    (out / f"{args.name}.json").write_text(json.dumps({"device": device, "args": vars(args) | {"data": str(args.data)}, "seconds": times,
-                                                       "loss_diff": loss_diff, "grad_diff": grad_diff}, indent=1, default=str))
-    print("\n".join(lines))
-
+    lines = [f"# Decoder attention in training: reference and fused ({meta['started']})", "",
+             *made_by(meta, f"{meta['device']}, torch {torch.__version__}, {model.dtype}; batch {args.batch_size}, "
+                      f"{args.documents} documents a sample at r = {args.ratio:g}, {tokens} tokens a step"), "",
+             *table(["path", "seconds per step (median)", "tokens/s", "vs reference"],
+                    ([p, f"{median[p]:.3f}", f"{tokens / median[p]:.0f}", f"{median['reference'] / median[p]:.2f}x"]
+                     for p in PATHS)),
+             "", f"Largest difference between the paths: loss {loss_diff:.2e}, any gradient {grad_diff:.2e}."]
+    write_report(args.out_dir / args.name, {"meta": meta, "args": vars(args), "seconds": times, "loss_diff": loss_diff,
+                                       "grad_diff": grad_diff}, "\n".join(lines) + "\n")
 
 if __name__ == "__main__":
     main()

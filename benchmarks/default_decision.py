@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import sacrebleu
 
-from nugget_rag.eval.metrics import answer_correct, paired_difference
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import add_out_option, run_meta, write_report  # noqa: E402
+
+from nugget_rag.eval.metrics import answer_correct, paired_difference  # noqa: E402
 
 PRIMARY = ("squad", 10.0)  # the measure the candidate must win
 NOISE = 2.0  # standard errors
@@ -148,16 +153,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("baseline", type=Path, help="folder of the default's dev runs")
     parser.add_argument("candidate", type=Path, help="folder of the candidate's dev runs")
-    parser.add_argument("--out", type=Path, help="also write OUT.md and OUT.json")
+    add_out_option(parser)
     args = parser.parse_args()
     result = decide(read_folder(args.baseline), read_folder(args.candidate))
-    text = table(result, (args.baseline.name, args.candidate.name))
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"baseline": str(args.baseline), "candidate": str(args.candidate), **result}, indent=1))
+    write_report(args.out, {"meta": run_meta(), "baseline": str(args.baseline), "candidate": str(args.candidate),
+                            **result}, table(result, (args.baseline.name, args.candidate.name)))
     return 0 if result["ships"] else 1
 
 

@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import platform
 import shlex
 import sys
 import warnings
-from datetime import date
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nugget_rag.corpora import read_squad
-from nugget_rag.model.base_model import load_base_model
-from nugget_rag.model.int8 import Int8Linear
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import RESULTS, made_by, run_meta, table, write_report  # noqa: E402
+
+from nugget_rag.corpora import read_squad  # noqa: E402
+from nugget_rag.model.base_model import load_base_model  # noqa: E402
+from nugget_rag.model.int8 import Int8Linear  # noqa: E402
 
 
 def int8_rows(model: nn.Module) -> nn.Module:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--paragraphs", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -95,18 +96,14 @@ def main(argv: list[str] | None = None) -> None:
     paragraphs = [base.tokenizer(c)["input_ids"][: args.max_tokens] for c in contexts]
     result = measure(base.model, paragraphs)
     command = shlex.join(["python", "benchmarks/int8_weights.py", *(sys.argv[1:] if argv is None else argv)])
+    result = {"meta": run_meta(command=command), **result}
     lines = [f"# int8 weights: next-token distributions against float32 ({base.name})", "",
-             f"Command: `{command}`  ",
-             f"Date: {date.today()}; {platform.machine()} CPU, torch {torch.__version__}; {len(paragraphs)} dev SQuAD "
-             f"paragraphs, {result['tokens']} tokens, teacher-forced.", "",
-             "| weights | KL to float32 (nats/token) | top-1 agreement |", "|---|---|---|"]
-    lines += [f"| {label} | {row['kl']:.4f} | {row['top1_agreement']:.3f} |" for label, row in result["rows"].items()]
-    text = "\n".join(lines) + "\n"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "int8-weights.json").write_text(json.dumps(result | {"command": command}, indent=2))
-    (args.out_dir / "int8-weights.md").write_text(text)
-    print(text)
-
+             *made_by(result["meta"], f"torch {torch.__version__}; {len(paragraphs)} dev SQuAD paragraphs, "
+                      f"{result['tokens']} tokens, teacher-forced"), "",
+             *table(["weights", "KL to float32 (nats/token)", "top-1 agreement"],
+                    ([label, f"{row['kl']:.4f}", f"{row['top1_agreement']:.3f}"]
+                     for label, row in result["rows"].items()))]
+    write_report(args.out_dir / "int8-weights", result, "\n".join(lines) + "\n")
 
 if __name__ == "__main__":
     main()

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -35,7 +33,6 @@ import time
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -43,14 +40,15 @@ from langchain_core.documents import Document
 
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.integrations import NuggetIndex
-from nugget_rag.integrations.index_publishing import PublishOptions
-from nugget_rag.integrations.published_index import PublishedIndex
+from nugget_rag.integrations.published.index import PublishedIndex
+from nugget_rag.integrations.published.publishing import PublishOptions
 from nugget_rag.model.checkpoint_files import DEFAULT_CHECKPOINT
 from nugget_rag.serving import create_app, serve_in_thread
 from nugget_rag.state.store import StoreLocation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from reporting import add_out_option, made_by, run_meta, table, write_report  # noqa: E402
 from store_scale import WordHashEmbeddings, tiny_model  # noqa: E402
 
 TEXTS = ["The falcon hunts over the river valley and dives at great speed.",
@@ -152,14 +150,16 @@ def measured(index: NuggetIndex | PublishedIndex, documents: int, clients: int, 
 
 
 def markdown(report: dict) -> str:
-    lines = [f"- {report['date']}, {report['machine']}; {report['setup']}", "",
-             "| run | idle questions | idle p50 ms | idle p95 ms | questions during the job | during p50 ms | "
-             "during p95 ms | p50 during / idle | p95 during / idle | job s | versions loaded by questions |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for i, row in enumerate(report["runs"], 1):
-        lines.append(f"| {i} | {row['idle']} | {row['idle_p50_ms']:.0f} | {row['idle_p95_ms']:.0f} | {row['during']} "
-                     f"| {row['during_p50_ms']:.0f} | {row['during_p95_ms']:.0f} | {row['p50_ratio']:.2f}x "
-                     f"| {row['p95_ratio']:.2f}x | {row['job_s']:.1f} | {row['loads']} |")
+    meta = report["meta"]
+    lines = [*made_by(meta, f"{meta['torch_threads']} torch threads, load average {meta['load_before']} before",
+                      meta["setup"]), "",
+             *table(["run", "idle questions", "idle p50 ms", "idle p95 ms", "questions during the job",
+                     "during p50 ms", "during p95 ms", "p50 during / idle", "p95 during / idle", "job s",
+                     "versions loaded by questions"],
+                    ([i, row["idle"], f"{row['idle_p50_ms']:.0f}", f"{row['idle_p95_ms']:.0f}", row["during"],
+                      f"{row['during_p50_ms']:.0f}", f"{row['during_p95_ms']:.0f}", f"{row['p50_ratio']:.2f}x",
+                      f"{row['p95_ratio']:.2f}x", f"{row['job_s']:.1f}", row["loads"]]
+                     for i, row in enumerate(report["runs"], 1)))]
     return "\n".join(lines) + "\n"
 
 
@@ -174,27 +174,20 @@ def main(argv: list[str] | None = None) -> int:
                         "directory); default: an index in memory")
     parser.add_argument("--model", choices=["tiny", "default"], default="tiny", help="the tests' tiny model (an "
                         "answer costs the server's path), or the default one (SmolLM2-135M-Instruct)")
-    parser.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
+    add_out_option(parser)
     args = parser.parse_args(argv)
     if min(args.documents, args.clients, args.idle, args.during, args.runs) < 1:
         parser.error("--documents, --clients, --idle, --during and --runs must each be at least 1")
-    report = {"command": shlex.join(["python", "benchmarks/job_latency.py", *(argv or sys.argv[1:])]),
-              "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
-                         f"load average {os.getloadavg()[0]:.1f} before",
-              "setup": f"{args.clients} clients, a {args.documents}-document job, {args.model} model, hashed-word "
-                       "retrieval, "
-                       + ("an index in memory" if args.store is None else "the index published in the store"),
-              "runs": []}
+    meta = run_meta(command=shlex.join(["python", "benchmarks/job_latency.py", *(argv or sys.argv[1:])]),
+                    torch_threads=torch.get_num_threads(),
+                    setup=f"{args.clients} clients, a {args.documents}-document job, {args.model} model, hashed-word "
+                          "retrieval, " + ("an index in memory" if args.store is None else "the index published in "
+                                           "the store"))
+    report = {"meta": meta, "runs": []}
     for run in range(args.runs):
         report["runs"].append(one_run(args.documents, args.clients, args.idle, args.during, args.store, args.model))
         print(f"run {run + 1}: {report['runs'][-1]}", flush=True)
-    text = markdown(report)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-        args.out.with_suffix(".md").write_text(f"    {report['command']}\n\n{text}")
+    write_report(args.out, report, markdown(report))
     return 0
 
 

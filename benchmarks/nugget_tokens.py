@@ -12,23 +12,24 @@ between consecutive nuggets. Writes benchmarks/results/<name>.{md,json,png}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import shlex
 import statistics
 import string
 import sys
 from collections import Counter
-from datetime import date
 from pathlib import Path
 
 import matplotlib
 import torch
 from tqdm import tqdm
 
-from nugget_rag.cli_options import checkpoint_arg
-from nugget_rag.corpora import read_documents
-from nugget_rag.model import NuggetModel
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import add_name_options, made_by, run_meta, table, write_report  # noqa: E402
+
+from nugget_rag.cli.options import checkpoint_arg  # noqa: E402
+from nugget_rag.corpora import read_documents  # noqa: E402
+from nugget_rag.model import NuggetModel  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -74,15 +75,14 @@ def selection_statistics(model: NuggetModel, documents: list[list[int]], batch_s
 
 
 def markdown(results: dict) -> str:
-    lines = [f"- Date: {results['date']}. Machine: {results['machine']}. Data: {results['data']} "
-             f"({results['documents']} documents, first {results['max_tokens']} tokens each).",
-             f"- Command: `{results['command']}`", "",
-             "| checkpoint | r | nuggets | top-10 types cover (text) | punctuation (text) | gap mean / stdev |",
-             "|---|---|---|---|---|---|"]
-    for name, s in results["checkpoints"].items():
-        lines.append(f"| {name} | {s['ratio']:g} | {s['nuggets']} | {s['top10_coverage']:.1%} "
-                     f"({s['text_top10_coverage']:.1%}) | {s['punctuation_share']:.1%} "
-                     f"({s['text_punctuation_share']:.1%}) | {s['gap_mean']:.1f} / {s['gap_stdev']:.1f} |")
+    meta = results["meta"]
+    lines = [*made_by(meta, f"{meta['torch_threads']} threads; torch {meta['torch']}; data: {results['data']} "
+                      f"({results['documents']} documents, first {results['max_tokens']} tokens each)"), "",
+             *table(["checkpoint", "r", "nuggets", "top-10 types cover (text)", "punctuation (text)",
+                     "gap mean / stdev"],
+                    ([name, f"{s['ratio']:g}", s["nuggets"], f"{s['top10_coverage']:.1%} ({s['text_top10_coverage']:.1%})",
+                      f"{s['punctuation_share']:.1%} ({s['text_punctuation_share']:.1%})",
+                      f"{s['gap_mean']:.1f} / {s['gap_stdev']:.1f}"] for name, s in results["checkpoints"].items()))]
     for name, s in results["checkpoints"].items():
         lines += ["", f"Most kept token types, {name} (share of nuggets / share of text):", ""]
         lines.append(", ".join(f"`{t['token']}` {t['nugget_share']:.1%} / {t['text_share']:.1%}" for t in s["top"]))
@@ -117,17 +117,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512, help="keep the first N tokens of each document")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int)
-    parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--name", default="nugget-tokens")
+    add_name_options(parser, "nugget-tokens")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     texts = [d["text"] for d in read_documents(args.data, args.split) if d["text"].strip()][: args.documents]
     results = {
-        "date": date.today().isoformat(),
-        "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} threads; torch {torch.__version__}",
-        "command": "python benchmarks/nugget_tokens.py " + shlex.join(sys.argv[1:]),
+        "meta": run_meta(command="python benchmarks/nugget_tokens.py " + shlex.join(sys.argv[1:]),
+                         torch_threads=torch.get_num_threads(), torch=torch.__version__),
         "data": f"{args.data.name} ({args.split})", "documents": len(texts), "max_tokens": args.tokens,
         "checkpoints": {},
     }
@@ -139,14 +137,9 @@ def main() -> None:
         results["checkpoints"][name] = selection_statistics(model, documents, args.batch_size)
         del model
 
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.out_dir / args.name
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    stem.with_suffix(".md").write_text(markdown(results))
-    plot(results, stem.with_suffix(".png"))
-    print(markdown(results))
-    print(f"wrote {stem}.json, .md, .png")
-
+    write_report(args.out_dir / args.name, results, markdown)
+    plot(results, args.out_dir / f"{args.name}.png")
+    print(f"wrote {args.out_dir / args.name}.json, .md, .png")
 
 if __name__ == "__main__":
     main()

@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from nugget_rag.eval.metrics import answer_correct, paired_difference
-from nugget_rag.generation.text import ends_sentence, first_repeat
-from nugget_rag.model.base_model import load_base_model
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import add_out_option, run_meta, write_report  # noqa: E402
+
+from nugget_rag.eval.metrics import answer_correct, paired_difference  # noqa: E402
+from nugget_rag.generation.text import ends_sentence, first_repeat  # noqa: E402
+from nugget_rag.model.base_model import load_base_model  # noqa: E402
 
 
 def load(spec: str) -> dict[str, dict[str, dict]]:
@@ -82,7 +87,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=64, help="the runs' max_new_tokens (default 64, the harness's)")
     parser.add_argument("--ngram", type=int, default=8, help="count the answers that repeat an n-gram of this many "
                         "tokens (default 8)")
-    parser.add_argument("--out", type=Path, help="also write OUT.md and OUT.json")
+    add_out_option(parser)
     parser.add_argument("--repeating-ids", type=Path, metavar="FILE", help="write the ids of the first system's "
                         "answers that repeat an --ngram n-gram, one a line")
     args = parser.parse_args()
@@ -92,13 +97,8 @@ def main() -> int:
     tokenizer = load_base_model().tokenizer
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     rows = compare(systems, encode, args.limit, args.ngram)
-    text = table(rows, args.limit, args.ngram)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"runs": args.runs, "limit": args.limit, "ngram": args.ngram, "rows": rows}, indent=1))
+    write_report(args.out, {"meta": run_meta(), "runs": args.runs, "limit": args.limit, "ngram": args.ngram,
+                            "rows": rows}, table(rows, args.limit, args.ngram))
     if args.repeating_ids:
         ids = repeating(next(iter(systems.values())), encode, args.ngram)
         args.repeating_ids.write_text("".join(f"{q}\n" for q in ids))

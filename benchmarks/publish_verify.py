@@ -36,14 +36,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reporting import run_meta, write_report  # noqa: E402
+from reporting import add_out_option, run_meta, write_report  # noqa: E402
 from serve_throughput import redis_server  # noqa: E402
 from store_scale import WordHashEmbeddings, synthetic_corpus, tiny_model  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetStore  # noqa: E402
-from nugget_rag.integrations import index_publishing  # noqa: E402
-from nugget_rag.integrations.index_publishing import PublishOptions  # noqa: E402
-from nugget_rag.integrations.published_index import PublishedIndex  # noqa: E402
+from nugget_rag.integrations.published import publishing as index_publishing  # noqa: E402
+from nugget_rag.integrations.published.index import PublishedIndex  # noqa: E402
+from nugget_rag.integrations.published.publishing import PublishOptions  # noqa: E402
 
 
 def sent(client: Any) -> int:
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publishes", type=int, default=5, help="one-passage publishes measured")
     parser.add_argument("--seed", type=int, default=0, help="of the synthetic passages")
     parser.add_argument("--segment-values", type=int, default=8, help="values of 32 MiB checked both ways (0: none)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/publish-verify"))
+    add_out_option(parser, "publish-verify")
     args = parser.parse_args(argv)
     if min(args.passages, args.publishes) < 1:
         parser.error("--passages and --publishes must be >= 1")

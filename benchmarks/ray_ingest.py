@@ -25,11 +25,11 @@ from langchain_core.documents import Document
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.corpora import read_squad
 from nugget_rag.integrations import NuggetIndex, minilm_embeddings
-from nugget_rag.integrations.ray_ingest import ModelLoader, RayIngestOptions, ingest_distributed
+from nugget_rag.integrations.ingest.ray import ModelLoader, RayIngestOptions, ingest_distributed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reporting import run_meta, write_report  # noqa: E402
+from reporting import add_out_option, run_meta, write_report  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad-dev-v1.1.json"
 
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--chunks-per-batch", type=int, help="chunks a worker takes at a time (default: "
                         "RayIngestOptions'; small batches keep the workers evenly loaded)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ray-ingest"))
+    add_out_option(parser, "ray-ingest")
     args = parser.parse_args()
     docs = paragraphs(args.documents)
     compressor = NuggetCompressor.from_pretrained(device="cpu")

@@ -16,10 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
-from nugget_rag.eval.metrics import answer_correct, paired_difference
-from nugget_rag.model.base_model import load_base_model
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import add_out_option, run_meta, write_report  # noqa: E402
+
+from nugget_rag.eval.metrics import answer_correct, paired_difference  # noqa: E402
+from nugget_rag.model.base_model import load_base_model  # noqa: E402
 
 ONE, TWO = "likelihood_select", "likelihood_select_top2"
 STOPS = {"none": [], "blank line": ["\n\n"], "new line": ["\n"]}
@@ -53,7 +58,7 @@ def margin(record: dict) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("predictions", type=Path)
-    parser.add_argument("--out", type=Path, help="write OUT.md and OUT.json")
+    add_out_option(parser)
     args = parser.parse_args()
     found = load(args.predictions)
     ids = sorted(set(found[ONE]) & set(found[TWO]))
@@ -90,11 +95,7 @@ def main() -> int:
         result["margins"][str(m)] = row
         lines.append(f"| {m:g} | {row['read_two']:.0f}% | {row['correct']:.1f} | "
                      f"{row['paired']:+.1f} ± {row['paired_se']:.1f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    write_report(args.out, {"meta": run_meta(), **result}, "\n".join(lines) + "\n")
     return 0
 
 

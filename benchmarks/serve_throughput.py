@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import shutil
 import signal
 import socket
 import statistics
@@ -47,12 +46,18 @@ from pathlib import Path
 
 import torch
 
-from nugget_rag import NuggetModel
-from nugget_rag.config import DECODER
-from nugget_rag.corpora import read_squad
-from nugget_rag.generation import GenerationSettings
-from nugget_rag.generation.batching import BatchedGenerator
-from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages
+BENCHMARKS = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCHMARKS), str(BENCHMARKS.parent / "tests")]
+
+from redis_server import RedisServer, free_port, missing  # noqa: E402
+from reporting import add_out_option, made_by, run_meta, table, write_report  # noqa: E402
+
+from nugget_rag import NuggetModel  # noqa: E402
+from nugget_rag.config import DECODER  # noqa: E402
+from nugget_rag.corpora import read_squad  # noqa: E402
+from nugget_rag.generation import GenerationSettings  # noqa: E402
+from nugget_rag.generation.batching import BatchedGenerator  # noqa: E402
+from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad-dev-v1.1.json"
 
@@ -164,27 +169,23 @@ def http_main(args: argparse.Namespace) -> int:
         finally:
             server.terminate()
             server.wait(60)
-    print(f"\n{args.requests} streamed /ask requests per arm, {args.clients} clients, <= {args.max_new_tokens} new "
-          f"tokens (those that disconnect ask for {args.long_tokens}), k = 2, {len(passages)} SQuAD dev passages, "
-          f"arms alternating in {args.rounds} rounds\n")
-    print("| arm | stayed | errors among them | p50 latency (s) | p95 latency (s) | p50 first line (s) | left | "
-          "pending 2 s after (most) | cancelled |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, rows in results.items():
+    def arm(name: str, rows: list[dict]) -> list:
         stayed = [r for r in rows if not r["left"]]
         latencies = sorted(r["latency_s"] for r in stayed if "latency_s" in r)
-        firsts = [r["first_s"] for r in rows if "first_s" in r]
         p95 = latencies[int(0.95 * (len(latencies) - 1))] if latencies else float("nan")
-        print(f"| {name} | {len(stayed)} | {sum(r['error'] for r in stayed)} | {statistics.median(latencies):.2f} | "
-              f"{p95:.2f} | {statistics.median(firsts):.2f} | {len(rows) - len(stayed)} | {pending[name]} | "
-              f"{cancelled[name]:g} |")
+        return [name, len(stayed), sum(r["error"] for r in stayed), f"{statistics.median(latencies):.2f}", f"{p95:.2f}",
+                f"{statistics.median(r['first_s'] for r in rows if 'first_s' in r):.2f}", len(rows) - len(stayed),
+                pending[name], f"{cancelled[name]:g}"]
+
+    meta = run_meta()
+    lines = [*made_by(meta, f"{args.requests} streamed /ask requests per arm, {args.clients} clients, <= "
+                      f"{args.max_new_tokens} new tokens (those that disconnect ask for {args.long_tokens}), k = 2, "
+                      f"{len(passages)} SQuAD dev passages, arms alternating in {args.rounds} rounds"), "",
+             *table(["arm", "stayed", "errors among them", "p50 latency (s)", "p95 latency (s)", "p50 first line (s)",
+                     "left", "pending 2 s after (most)", "cancelled"], (arm(n, rows) for n, rows in results.items()))]
+    write_report(args.out, {"meta": meta, "arms": results, "pending": pending, "cancelled": cancelled},
+                 "\n".join(lines) + "\n")
     return 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(command: list[str], port: int) -> subprocess.Popen:
@@ -213,28 +214,14 @@ def ingest(port: int, passages: list[str]) -> None:
 @contextmanager
 def redis_server(directory: str | Path) -> Iterator[str]:
     """A redis-server of its own (no persistence, its files in `directory`) while the block runs; yields its URL."""
-    import redis
-
-    if shutil.which("redis-server") is None:
-        raise SystemExit("this benchmark needs redis-server (apt-get install redis-server) for its shared store")
-    port = free_port()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-                               "--save", ""], stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
+    if reason := missing():
+        raise SystemExit(f"this benchmark needs a Redis server for its shared store: {reason}")
+    server = RedisServer(Path(directory), persist=False)
+    server.start()
     try:
-        client = redis.Redis.from_url(url)
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError(f"redis-server did not answer on port {port}")
-        yield url
+        yield server.url
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop()
 
 
 def measure_requests(port: int, questions: list[str], requests: int, clients: int, max_new_tokens: int,
@@ -276,15 +263,16 @@ def ray_main(args: argparse.Namespace) -> int:
                 server.send_signal(signal.SIGTERM)
                 server.wait(120)
             print(f"{replicas} replicas: {rows[replicas]}", flush=True)
-    print(f"\n{args.requests} streamed /ask requests per setting, {args.clients} clients, <= {args.max_new_tokens} new "
-          f"tokens, k = 2, {len(passages)} SQuAD dev passages, default model, one CPU and one torch thread a "
-          "replica\n")
-    print("| replicas | answered questions/s | x first | errors | wall (s) | p50 latency (s) | p95 latency (s) |")
-    print("|---|---|---|---|---|---|---|")
+    meta = run_meta()
     base = rows[args.replicas[0]]["per_s"]
-    for replicas, r in rows.items():
-        print(f"| {replicas} | {r['per_s']:.3f} | {r['per_s'] / base:.2f}x | {r['errors']} | {r['wall']:.1f} | "
-              f"{r['p50']:.2f} | {r['p95']:.2f} |")
+    lines = [*made_by(meta, f"{args.requests} streamed /ask requests per setting, {args.clients} clients, <= "
+                      f"{args.max_new_tokens} new tokens, k = 2, {len(passages)} SQuAD dev passages, default model, "
+                      "one CPU and one torch thread a replica"), "",
+             *table(["replicas", "answered questions/s", "x first", "errors", "wall (s)", "p50 latency (s)",
+                     "p95 latency (s)"],
+                    ([replicas, f"{r['per_s']:.3f}", f"{r['per_s'] / base:.2f}x", r["errors"], f"{r['wall']:.1f}",
+                      f"{r['p50']:.2f}", f"{r['p95']:.2f}"] for replicas, r in rows.items()))]
+    write_report(args.out, {"meta": meta, "replicas": rows}, "\n".join(lines) + "\n")
     return 0
 
 
@@ -303,6 +291,7 @@ def main() -> int:
     parser.add_argument("--passages", type=int, default=32, help="--http: SQuAD dev passages in the index")
     parser.add_argument("--ray", action="store_true", help="--http: serve from Ray Serve replicas (see above)")
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="--http --ray: replica counts")
+    add_out_option(parser)
     args = parser.parse_args()
     if args.http and args.ray:
         return ray_main(args)
@@ -331,15 +320,16 @@ def main() -> int:
         model.merged_format = weights
         rows[name] = run(BatchedGenerator(model, max_batch=batch), requests, args.clients, settings)
     base = rows["Full, one at a time"]["questions_per_s"]
-    print(f"{args.questions} SQuAD dev questions, {args.clients} clients, <= {args.max_new_tokens} new tokens, "
-          f"{args.threads} threads, {model.device}, r = {model.config.ratio:g}\n")
-    print("| setting | questions/s | x Full one at a time | tokens/s | p50 latency (s) | p95 latency (s) | mean batch |")
-    print("|---|---|---|---|---|---|---|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['questions_per_s']:.2f} | {r['questions_per_s'] / base:.2f}x | {r['tokens_per_s']:.1f} | "
-              f"{r['p50_s']:.1f} | {r['p95_s']:.1f} | {r['mean_batch']:.1f} |")
+    meta = run_meta()
+    lines = [*made_by(meta, f"{args.questions} SQuAD dev questions, {args.clients} clients, <= {args.max_new_tokens} "
+                      f"new tokens, {args.threads} threads, {model.device}, r = {model.config.ratio:g}"), "",
+             *table(["setting", "questions/s", "x Full one at a time", "tokens/s", "p50 latency (s)", "p95 latency (s)",
+                     "mean batch"],
+                    ([name, f"{r['questions_per_s']:.2f}", f"{r['questions_per_s'] / base:.2f}x",
+                      f"{r['tokens_per_s']:.1f}", f"{r['p50_s']:.1f}", f"{r['p95_s']:.1f}", f"{r['mean_batch']:.1f}"]
+                     for name, r in rows.items()))]
+    write_report(args.out, {"meta": meta, "settings": rows}, "\n".join(lines) + "\n")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,13 +9,18 @@ state to each coarser floor (`NuggetState.with_floor`) and serialises it in each
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
-from nugget_rag import NuggetModel
-from nugget_rag.corpora import read_documents
-from nugget_rag.state import KV_FORMATS
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import add_out_option, run_meta, table, write_report  # noqa: E402
+
+from nugget_rag import NuggetModel  # noqa: E402
+from nugget_rag.corpora import read_documents  # noqa: E402
+from nugget_rag.state import KV_FORMATS  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "python-3.11-docs.jsonl"
 
@@ -26,6 +31,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--floors", type=float, nargs="+", default=[1, 2, 4, 10])
     parser.add_argument("--data", type=Path, default=DATA)
+    add_out_option(parser)
     args = parser.parse_args()
     model = NuggetModel.from_pretrained("default", dtype="float32")
     texts = read_documents(args.data, "test")[: args.documents]
@@ -33,11 +39,11 @@ def main() -> None:
     with torch.inference_mode():
         states = model.compress(ids, ratio=1, ranked=True)
     tokens = sum(map(len, ids))
-    print("| floor | " + " | ".join(KV_FORMATS) + " |\n|---|" + "---|" * len(KV_FORMATS))
-    for floor in args.floors:
-        sizes = [sum(len(s.with_floor(floor).compact(fmt).to_bytes()) for s in states) / tokens for fmt in KV_FORMATS]
-        print(f"| {floor:g} | " + " | ".join(f"{b:,.0f}" for b in sizes) + " |")
-
+    rows = {f"{floor:g}": {fmt: sum(len(s.with_floor(floor).compact(fmt).to_bytes()) for s in states) / tokens
+                           for fmt in KV_FORMATS} for floor in args.floors}
+    text = "\n".join(table(["floor", *KV_FORMATS],
+                           ([floor, *(f"{b:,.0f}" for b in sizes.values())] for floor, sizes in rows.items()))) + "\n"
+    write_report(args.out, {"meta": run_meta(tokens=tokens), "bytes_a_token": rows}, text)
 
 if __name__ == "__main__":
     main()

@@ -13,26 +13,27 @@ benchmarks/results/<name>.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import shlex
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import date
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nugget_rag.model import NuggetModel
-from nugget_rag.train.batches import Batch
-from nugget_rag.train.config import TrainConfig
-from nugget_rag.train.distill import Teacher
-from nugget_rag.train.trainer import Trainer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import add_name_options, made_by, run_meta, table, write_report  # noqa: E402
+
+from nugget_rag.model import NuggetModel  # noqa: E402
+from nugget_rag.train.batches import Batch  # noqa: E402
+from nugget_rag.train.config import TrainConfig  # noqa: E402
+from nugget_rag.train.distill import Teacher  # noqa: E402
+from nugget_rag.train.trainer import Trainer  # noqa: E402
 
 PARTS = {"scorer": (NuggetModel, "score"), "encoder": (NuggetModel, "_compress_segments"),
          "prefix": (NuggetModel, "layout"), "decoder": (NuggetModel, "decode"), "teacher": (Teacher, "target_logits")}
@@ -118,33 +119,42 @@ def count(recipe: dict, batch_size: int, out: Path) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+T = TypeVar("T")
+
+
+def recipe_parser(description: str, name: str) -> argparse.ArgumentParser:
+    """The options of a benchmark of the recipe's training step: --config (the recipe), --threads, and where its
+    report goes (--name, --out-dir)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", type=Path, default=Path("configs/recipe-r10.yaml"))
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--threads", type=int)
-    parser.add_argument("--name", default="step-ops")
-    args = parser.parse_args()
+    add_name_options(parser, name)
+    return parser
+
+
+def on_recipe(args: argparse.Namespace, measure: Callable[[dict, Path], T]) -> T:
+    """`measure(recipe, scratch directory)` on the recipe of --config, with --threads torch threads."""
     if args.threads:
         torch.set_num_threads(args.threads)
     recipe = yaml.safe_load(args.config.read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [row for size in args.batch_sizes for row in count(recipe, size, Path(tmp))]
-    parts = ["scorer", "encoder", "prefix", "decoder", "teacher", "backward", "other"]
-    lines = [f"# Host operations per training micro-batch ({date.today()})", "",
-             f"`python {shlex.join(sys.argv)}` on {platform.machine()}, torch {torch.__version__}; {args.config}.", "",
-             "| source | batch | tokens | aten ops | ops per 1k tokens | " + " | ".join(parts) + " |",
-             "|---|---|---|---|---|" + "---|" * len(parts)]
-    for row in sorted(rows, key=lambda r: (r["source"], r["batch_size"])):
-        lines.append(f"| {row['source']} | {row['batch_size']} | {row['tokens']} | {row['ops']} | "
-                     f"{1000 * row['ops'] / row['tokens']:.0f} | " + " | ".join(str(row.get(p, 0)) for p in parts) + " |")
-    results = Path("benchmarks/results")
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    (results / f"{args.name}.json").write_text(json.dumps({"args": vars(args) | {"config": str(args.config)},
-                                                           "rows": rows}, indent=1))
-    print("\n".join(lines))
+        return measure(recipe, Path(tmp))
 
+
+def main() -> None:
+    parser = recipe_parser(__doc__.split("\n\n")[0], "step-ops")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[2, 8])
+    args = parser.parse_args()
+    rows = on_recipe(args, lambda recipe, tmp: [row for size in args.batch_sizes for row in count(recipe, size, tmp)])
+    parts = ["scorer", "encoder", "prefix", "decoder", "teacher", "backward", "other"]
+    meta = run_meta()
+    lines = [f"# Host operations per training micro-batch ({meta['started']})", "",
+             *made_by(meta, f"torch {torch.__version__}; {args.config}"), "",
+             *table(["source", "batch", "tokens", "aten ops", "ops per 1k tokens", *parts],
+                    ([row["source"], row["batch_size"], row["tokens"], row["ops"],
+                      f"{1000 * row['ops'] / row['tokens']:.0f}", *(row.get(p, 0) for p in parts)]
+                     for row in sorted(rows, key=lambda r: (r["source"], r["batch_size"]))))]
+    write_report(args.out_dir / args.name, {"meta": meta, "args": vars(args), "rows": rows}, "\n".join(lines) + "\n")
 
 if __name__ == "__main__":
     main()

@@ -13,19 +13,12 @@ once under the profiler. Writes benchmarks/results/<name>.{md,json}.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import shlex
-import sys
-import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
-import yaml
-from step_ops import PARTS, attributed, micro_batch_trainer, one_batch_per_source
+from reporting import device_name, made_by, run_meta, table, write_report
+from step_ops import PARTS, attributed, micro_batch_trainer, on_recipe, one_batch_per_source, recipe_parser
 from torch.profiler import ProfilerActivity, profile, record_function
 
 TOP_OPS = 15
@@ -76,48 +69,33 @@ def profile_sources(recipe: dict, args, out: Path) -> tuple[list[dict], list[dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, default=Path("configs/recipe-r10.yaml"))
+    parser = recipe_parser(__doc__.split("\n\n")[0], "step-profile")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int)
     parser.add_argument("--attention", choices=["auto", "reference", "fused"], default="auto",
                         help="the decoder's attention (TrainConfig.attention)")
     parser.add_argument("--sources", type=int, help="profile only the first N sources (default: all)")
-    parser.add_argument("--name", default="step-profile")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    recipe = yaml.safe_load(args.config.read_text())
-    with tempfile.TemporaryDirectory() as tmp:
-        rows, top = profile_sources(recipe, args, Path(tmp))
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
+    rows, top = on_recipe(args, lambda recipe, tmp: profile_sources(recipe, args, tmp))
+    meta = run_meta(device=device_name())
     clock = "kernel (device)" if torch.cuda.is_available() else "CPU"
     parts = [p for p in PARTS if any(p in r for r in rows)]
     total = sum(o["seconds"] for o in top) or 1.0
-    lines = [f"# Where a training micro-batch's time goes ({date.today()})", "",
-             f"`python {shlex.join(sys.argv)}` on {device}, torch {torch.__version__}; {args.config}; "
-             f"attention {args.attention}.", "",
-             f"Per source, one forward + backward; parts in {clock} seconds (nested: the encoder includes the "
-             "Scorer, the decoder the prompt prefix).", "",
-             "| source | batch | tokens | wall s | tokens/s | kernel s | GPU busy | " + " | ".join(parts) + " |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(parts)]
-    for r in rows:
-        lines.append(f"| {r['source']} | {r['batch_size']} | {r['tokens']} | {r['wall_s']} | {r['tokens_per_s']} | "
-                     f"{r['kernel_s'] if r['kernel_s'] is not None else '-'} | "
-                     f"{r['gpu_busy'] if r['gpu_busy'] is not None else '-'} | "
-                     + " | ".join(str(r.get(p, "-")) for p in parts) + " |")
     what = "kernels by their time" if torch.cuda.is_available() else "operations by self CPU time"
-    lines += ["", f"Top {TOP_OPS} {what}, all sources together:", "",
-              "| operation | seconds | calls | share of these |", "|---|---|---|---|"]
-    lines += [f"| `{o['op'][:80]}` | {o['seconds']:.4f} | {o['calls']} | {o['seconds'] / total:.1%} |" for o in top]
-    results = Path("benchmarks/results")
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    (results / f"{args.name}.json").write_text(json.dumps({"device": device, "args": vars(args) | {"config": str(args.config)},
-                                                           "rows": rows, "top_ops": top}, indent=1))
-    print("\n".join(lines))
-
+    lines = [f"# Where a training micro-batch's time goes ({meta['started']})", "",
+             *made_by(meta, f"{meta['device']}, torch {torch.__version__}; {args.config}; attention {args.attention}"),
+             "", f"Per source, one forward + backward; parts in {clock} seconds (nested: the encoder includes the "
+             "Scorer, the decoder the prompt prefix).", "",
+             *table(["source", "batch", "tokens", "wall s", "tokens/s", "kernel s", "GPU busy", *parts],
+                    ([r["source"], r["batch_size"], r["tokens"], r["wall_s"], r["tokens_per_s"],
+                      "-" if r["kernel_s"] is None else r["kernel_s"], "-" if r["gpu_busy"] is None else r["gpu_busy"],
+                      *(r.get(p, "-") for p in parts)] for r in rows)),
+             "", f"Top {TOP_OPS} {what}, all sources together:", "",
+             *table(["operation", "seconds", "calls", "share of these"],
+                    ([f"`{o['op'][:80]}`", f"{o['seconds']:.4f}", o["calls"], f"{o['seconds'] / total:.1%}"]
+                     for o in top))]
+    write_report(args.out_dir / args.name, {"meta": meta, "args": vars(args), "rows": rows, "top_ops": top},
+                 "\n".join(lines) + "\n")
 
 if __name__ == "__main__":
     main()

@@ -52,12 +52,12 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore
 from nugget_rag.integrations import NuggetIndex, embedding_name, minilm_embeddings
-from nugget_rag.integrations.index_files import NUGGETS_DIR
+from nugget_rag.integrations.local.files import NUGGETS_DIR
 from nugget_rag.model.base_model import convert_default_model, prepare_base_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reporting import run_meta, write_report  # noqa: E402
+from reporting import add_out_option, run_meta, table, write_report  # noqa: E402
 from serve_throughput import free_port, measure_requests, redis_server, start_server  # noqa: E402
 
 REDIS_NAMESPACE = "nugget-rag"
@@ -338,31 +338,29 @@ def markdown(report: dict) -> str:
              f"batches of {meta['batch_size']}, {meta['cpus']} CPUs ({meta['machine']}), torch "
              f"{meta['torch_threads']} thread(s); load average {meta['load_before']} before, {meta['load_after']} "
              f"after. Started {meta['started']}.", "",
-             "| store | passages | tokens | store entries | store bytes | bytes a token | also | ingest s | passages/s "
-             "| tokens/s | split s | split ms a passage | compress s | embed s | write s | other s | save s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, row in report["stores"].items():
-        also = (f"{row['store_disk_bytes']:,} on disk (blocks)" if name == "directory"
-                else f"used_memory +{row['used_memory_growth']:,}")
-        lines.append(f"| {name} | {row['passages']:,} | {row['tokens']:,} | {row['store_entries']:,} | "
-                     f"{row['store_bytes']:,} | {row['store_bytes_per_token']:,} | {also} | {row['ingest_s']} | "
-                     f"{row['passages_per_s']:,} | {row['tokens_per_s']:,} | {row['split_s']:.1f} | "
-                     f"{row['split_s_per_passage'] * 1000:.3f} | "
-                     f"{row['compress_s']:.1f} | {row['embed_s']:.1f} | {row['write_s']:.1f} | {row['other_s']:.1f} | "
-                     f"{row['save_s']:.1f} |")
+             *table(["store", "passages", "tokens", "store entries", "store bytes", "bytes a token", "also", "ingest s",
+                     "passages/s", "tokens/s", "split s", "split ms a passage", "compress s", "embed s", "write s",
+                     "other s", "save s"],
+                    ([name, f"{row['passages']:,}", f"{row['tokens']:,}", f"{row['store_entries']:,}",
+                      f"{row['store_bytes']:,}", f"{row['store_bytes_per_token']:,}",
+                      f"{row['store_disk_bytes']:,} on disk (blocks)" if name == "directory"
+                      else f"used_memory +{row['used_memory_growth']:,}", row["ingest_s"],
+                      f"{row['passages_per_s']:,}", f"{row['tokens_per_s']:,}", f"{row['split_s']:.1f}",
+                      f"{row['split_s_per_passage'] * 1000:.3f}", f"{row['compress_s']:.1f}", f"{row['embed_s']:.1f}",
+                      f"{row['write_s']:.1f}", f"{row['other_s']:.1f}", f"{row['save_s']:.1f}"]
+                     for name, row in report["stores"].items()))]
     if report.get("queries"):
         rows = report["queries"]
         base_name = next((name for name in rows if name.startswith("Ray")), next(iter(rows)))
         base = rows[base_name]
         lines += ["", f"{meta['requests']} streamed /ask requests a row, {meta['clients']} clients, k = 2, at most "
                   f"{meta['max_new_tokens']} new tokens, over the Redis index; ratios to {base_name}", "",
-                  "| server | start s | questions/s | x | errors | wall s | p50 latency s | x | p95 latency s | x |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for name, row in rows.items():
-            lines.append(f"| {name} | {row['start_s']:.1f} | {row['per_s']:.2f} | "
-                         f"{row['per_s'] / base['per_s']:.2f}x | {row['errors']} | {row['wall']:.1f} | "
-                         f"{row['p50']:.3f} | {row['p50'] / base['p50']:.2f}x | "
-                         f"{row['p95']:.3f} | {row['p95'] / base['p95']:.2f}x |")
+                  *table(["server", "start s", "questions/s", "x", "errors", "wall s", "p50 latency s", "x",
+                          "p95 latency s", "x"],
+                         ([name, f"{row['start_s']:.1f}", f"{row['per_s']:.2f}", f"{row['per_s'] / base['per_s']:.2f}x",
+                           row["errors"], f"{row['wall']:.1f}", f"{row['p50']:.3f}",
+                           f"{row['p50'] / base['p50']:.2f}x", f"{row['p95']:.3f}",
+                           f"{row['p95'] / base['p95']:.2f}x"] for name, row in rows.items()))]
     return "\n".join(lines) + "\n"
 
 
@@ -377,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400, help="streamed /ask requests a server")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/store-scale"))
+    add_out_option(parser, "store-scale")
     parser.add_argument("--serve-index", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # the single-process row
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -406,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             sample = random.Random(args.seed).sample(range(len(questions)), min(64, len(questions)))
             report["queries"] = query_rows(Path(work) / "redis-index", redis_url, args.embeddings,
                                            [questions[i] for i in sample], args)
-    write_report(args.out, report, markdown(report))
+    write_report(args.out, report, markdown)
     return 0
 
 

@@ -25,22 +25,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import shlex
 import sys
 import tempfile
 import time
-from datetime import date
 from itertools import islice
 from pathlib import Path
 
-import torch
 import yaml
 
-from nugget_rag.train.config import TrainConfig
-from nugget_rag.train.records import load_records
-from nugget_rag.train.sources import Source
-from nugget_rag.train.trainer import Trainer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import add_name_options, device_name, made_by, run_meta, table, write_report  # noqa: E402
+
+from nugget_rag.train.config import TrainConfig  # noqa: E402
+from nugget_rag.train.records import load_records  # noqa: E402
+from nugget_rag.train.sources import Source  # noqa: E402
+from nugget_rag.train.trainer import Trainer  # noqa: E402
 
 
 def sources(recipe: dict, data: Path | None, records: int | None, out: Path) -> list[dict]:
@@ -129,13 +129,14 @@ def main() -> None:
     parser.add_argument("--records", type=int, metavar="N", help="read only each source's first N records")
     parser.add_argument("--data", type=Path, metavar="PATH", help="every source reads this file instead")
     parser.add_argument("--ready-dir", type=Path, metavar="DIR", help="the recipe's sources as ready sets")
-    parser.add_argument("--name", default="training-throughput")
+    add_name_options(parser, "training-throughput")
     args = parser.parse_args()
     if args.records is not None and args.records < 1:
         parser.error("--records must be at least 1")
     if args.ready_dir and (args.records or args.data):
         parser.error("--ready-dir reads the recipe's own sources, ready: drop --records and --data")
     recipe = yaml.safe_load(args.config.read_text())
+    meta = run_meta(device=device_name())
     arms = {"off": [False], "on": [True], "both": [False, True]}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -146,31 +147,26 @@ def main() -> None:
                 for attention in args.attention:
                     for packing in arms[args.packing]:
                         rows.append(measure(recipe, args, group, compiled, attention, packing, Path(tmp)))
-                        report(rows, args)
+                        report(rows, args, meta)
 
 
-def report(rows: list[dict], args) -> None:
+def report(rows: list[dict], args, meta: dict) -> None:
     """Write the arms measured so far to benchmarks/results/<name>.{md,json} and print the table."""
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     base = rows[0]
-    lines = [f"# Training throughput ({date.today()})", "",
-             f"`python {shlex.join(sys.argv)}` on {device}; {args.config}, batch {args.batch_size}.", "",
-             "| group_by_length | compile | attention | packing | padding | updates/s | tokens/s | model TFLOP/s | MFU | "
-             "tokens/s vs the first row | setup s | warm-up s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        speed = row.get("tokens_per_s")
-        ratio = f"{speed / base['tokens_per_s']:.2f}x" if speed and base.get("tokens_per_s") else "-"
-        lines.append(f"| {row['group_by_length'] or 'off'} | {row['compile']} | {row['attention']} | "
-                     f"{'on' if row['packing'] else 'off'} | {row['padding']:.1%} | {row.get('updates_per_s') or '-'} | "
-                     f"{speed or '-'} | {row.get('model_tflops_per_s') or '-'} | {row.get('mfu') or '-'} | {ratio} | "
-                     f"{row['setup_s']} | {row.get('warmup_s', '-')} |")
-    results = Path("benchmarks/results")
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    (results / f"{args.name}.json").write_text(json.dumps({"device": device, "args": vars(args) | {"config": str(args.config)},
-                                                           "rows": rows}, indent=1, default=str))
-    print("\n".join(lines))
 
+    def ratio(row: dict) -> str:
+        speed = row.get("tokens_per_s")
+        return f"{speed / base['tokens_per_s']:.2f}x" if speed and base.get("tokens_per_s") else "-"
+
+    lines = [f"# Training throughput ({meta['started']})", "",
+             *made_by(meta, f"{meta['device']}; {args.config}, batch {args.batch_size}"), "",
+             *table(["group_by_length", "compile", "attention", "packing", "padding", "updates/s", "tokens/s",
+                     "model TFLOP/s", "MFU", "tokens/s vs the first row", "setup s", "warm-up s"],
+                    ([row["group_by_length"] or "off", row["compile"], row["attention"],
+                      "on" if row["packing"] else "off", f"{row['padding']:.1%}", row.get("updates_per_s") or "-",
+                      row.get("tokens_per_s") or "-", row.get("model_tflops_per_s") or "-", row.get("mfu") or "-",
+                      ratio(row), row["setup_s"], row.get("warmup_s", "-")] for row in rows))]
+    write_report(args.out_dir / args.name, {"meta": meta, "args": vars(args), "rows": rows}, "\n".join(lines) + "\n")
 
 if __name__ == "__main__":
     main()

@@ -37,7 +37,7 @@ from nugget_rag.integrations import NuggetIndex, build_qa_chain, embedding_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reporting import run_meta, write_report  # noqa: E402
+from reporting import add_out_option, run_meta, table, write_report  # noqa: E402
 from store_scale import PhaseTimer, load_embeddings, synthetic_corpus, tiny_model  # noqa: E402
 
 STORES = ("faiss", "qdrant", "chroma", "pgvector")
@@ -117,16 +117,16 @@ def markdown(report: dict[str, Any]) -> str:
     rows = report["stores"]
     base = next((r for r in rows if r["store"] == "faiss"), rows[0])
     q = report["meta"]["questions"]
-    lines = [f"| store | chunks | ingest s | x FAISS | of which add s | save s | {q} retrievals s | x FAISS | "
-             f"{q} answers s | x FAISS | top-1 source right |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
     def times(r: dict[str, Any], key: str) -> str:  # "-" where FAISS's time rounds to 0
         return f"{r[key] / base[key]:.2f}x" if base[key] else "-"
 
-    for r in rows:
-        lines.append(f"| {r['store']} | {r['chunks']:,} | {r['ingest_s']:.1f} | {times(r, 'ingest_s')} "
-                     f"| {r['add_s']:.1f} | {r['save_s']:.2f} | {r['retrieve_s']:.2f} | "
-                     f"{times(r, 'retrieve_s')} | {r['answer_s']:.1f} | {times(r, 'answer_s')} | {r['top1_found']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(table(
+        ["store", "chunks", "ingest s", "x FAISS", "of which add s", "save s", f"{q} retrievals s", "x FAISS",
+         f"{q} answers s", "x FAISS", "top-1 source right"],
+        ([r["store"], f"{r['chunks']:,}", f"{r['ingest_s']:.1f}", times(r, "ingest_s"), f"{r['add_s']:.1f}",
+          f"{r['save_s']:.2f}", f"{r['retrieve_s']:.2f}", times(r, "retrieve_s"), f"{r['answer_s']:.1f}",
+          times(r, "answer_s"), r["top1_found"]] for r in rows))) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embeddings", choices=["hash", "minilm"], default="hash")
     parser.add_argument("--batch-size", type=int, default=32, help="passages compressed and indexed a step")
     parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/vector-databases"))
+    add_out_option(parser, "vector-databases")
     args = parser.parse_args(argv)
     if min(args.passages, args.questions, args.batch_size, args.max_new_tokens) < 1 or args.questions > args.passages:
         parser.error("--passages, --questions, --batch-size and --max-new-tokens must be >= 1, --questions at most "

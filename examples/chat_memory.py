@@ -18,7 +18,7 @@ import sys
 from langchain_core.messages import BaseMessage, HumanMessage
 
 from nugget_rag import NuggetStreamLLM
-from nugget_rag.cli_options import add_checkpoint_option
+from nugget_rag.cli.options import add_checkpoint_option
 
 TURNS = [
     "My name is Ada and I keep bees in Lisbon. What do bees need to get through the winter?",

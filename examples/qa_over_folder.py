@@ -22,7 +22,7 @@ from pathlib import Path
 from langchain_core.documents import Document
 
 from nugget_rag import NuggetLLM
-from nugget_rag.cli_options import add_checkpoint_option
+from nugget_rag.cli.options import add_checkpoint_option
 from nugget_rag.integrations import (
     NuggetIndex,
     build_qa_chain,

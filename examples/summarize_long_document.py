@@ -10,7 +10,7 @@
 The default document is a topic of the language reference that every Python carries offline (`pydoc_data.topics`,
 what `help("if")` shows), so the example runs on a fresh clone with nothing beside it. It is longer than the
 model's 8,192 positions, so the plain model cannot read it whole.
-- outline, sections, nuggets (integrations/summary_chain.py): the document is cut into sections of up to 512
+- outline, sections, nuggets (integrations/retrieval/summary_chain.py): the document is cut into sections of up to 512
   tokens, each compressed once into nuggets (about 1 in r tokens) and stored; the decoder writes a sentence a
   section from its nuggets (outline), which the frozen model may then combine (sections), or reads every nugget at
   once (nuggets). A second summary reads the stored nuggets: it compresses nothing.
@@ -29,9 +29,9 @@ from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
 
 from nugget_rag import NuggetStreamLLM
-from nugget_rag.cli_options import add_checkpoint_option
+from nugget_rag.cli.options import add_checkpoint_option
 from nugget_rag.integrations import NuggetSummarizer, build_summary_chain, load_compressor
-from nugget_rag.integrations.summary_chain import SUMMARY_OF_DOCUMENT
+from nugget_rag.integrations.retrieval.summary_chain import SUMMARY_OF_DOCUMENT
 
 DEFAULT_TOPIC = "compound"  # "Compound statements": 12,346 tokens on Python 3.11, past the model's 8,192
 

@@ -12,6 +12,7 @@ counted, as in other import linters. Each rule is shown to fail on a module inje
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,13 @@ PACKAGES = {"nugget_rag": ROOT / "nugget_rag", "nugget_rag.integrations": ROOT /
 ALIASES = {"integrations": "nugget_rag.integrations"}  # how tests and scripts import the integrations folder
 MODEL_LINES = 350
 MODULE_LINES = 400
-TOP_LEVEL_MODULES = 7  # nugget_rag/*.py, __init__.py included
+TOP_LEVEL_MODULES = 6  # nugget_rag/*.py, __init__.py included
+# integrations/'s subpackages that README's layout table must list in this order, the first lowest: the published index
+# reads the local index, which reads the stores, never back
+INTEGRATIONS_ORDER = ("integrations/stores", "integrations/local", "integrations/published")
+INTEGRATIONS_TOP = {"nugget_rag.integrations.nugget_model", "nugget_rag.integrations.ray_ingest"}  # outside them
+# public import paths that re-export: users import through them, the package from the modules they re-export
+RE_EXPORTS = {"nugget_rag.resolution", "nugget_rag.integrations.ray_ingest"}
 
 
 def project_modules() -> dict[str, Path]:
@@ -96,8 +103,12 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def layer(module: str) -> str:
-    """The layer a module belongs to: its subpackage of nugget_rag, or the top-level module itself."""
-    return module.split(".")[1] if "." in module else module
+    """The layer a module belongs to: the module inside a subpackage that README's layout table gives a row of its
+    own (`cli/options`, below the harness's layers that read it), else its subpackage of nugget_rag, or the
+    top-level module itself."""
+    parts = module.split(".")[1:] or [module]
+    nested = ("/".join(parts[:n]) for n in range(len(parts), 1, -1))
+    return next((name for name in nested if name in layout_rows()), parts[0])
 
 
 def layer_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
@@ -113,6 +124,7 @@ def layer_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     return graph
 
 
+@functools.cache
 def layout_rows() -> dict[str, int]:
     """Each layer's row in README's layout table, the first row 0: the folders and modules its first cell names."""
     table = (ROOT / "README.md").read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
@@ -130,6 +142,24 @@ def upward_imports(modules: dict[str, Path]) -> list[str]:
     return sorted(f"{module} -> {name}" for module, path in modules.items() if not module.endswith(".__main__")
                   for _, name in imports(module, path, modules)
                   if layer(name) != layer(module) and rows[layer(name)] >= rows[layer(module)])
+
+
+def misordered(rows: dict[str, int]) -> list[str]:
+    """INTEGRATIONS_ORDER's subpackages, where README's layout table lists them otherwise (or leaves one out)."""
+    found = [rows.get(name) for name in INTEGRATIONS_ORDER]
+    return [] if None not in found and found == sorted(found) else list(INTEGRATIONS_ORDER)
+
+
+def loose_integrations(modules: dict[str, Path]) -> list[str]:
+    """integrations/'s modules in none of its subpackages (its __init__ and INTEGRATIONS_TOP aside)."""
+    return sorted(module for module in modules if module.startswith("nugget_rag.integrations.")
+                  and layer(module) == "integrations" and module not in INTEGRATIONS_TOP)
+
+
+def re_export_imports(modules: dict[str, Path]) -> list[str]:
+    """Imports of RE_EXPORTS from inside the package."""
+    return sorted(f"{module} -> {name}" for module, path in modules.items()
+                  for _, name in imports(module, path, modules) if name in RE_EXPORTS)
 
 
 def long_modules(modules: dict[str, Path]) -> dict[str, int]:
@@ -193,9 +223,9 @@ def private_uses(modules: dict[str, Path]) -> list[str]:
 def test_the_graph_sees_every_kind_of_import():
     graph = import_graph(project_modules())
     assert "nugget_rag.model.nugget_model" in graph["nugget_rag"]  # relative, from a package's __init__
-    assert "nugget_rag.integrations.index" in graph["nugget_rag.integrations"]  # package-dir mapping
+    assert "nugget_rag.integrations.local.index" in graph["nugget_rag.integrations"]  # package-dir mapping
     assert "nugget_rag.model.nugget_model" in graph["nugget_rag.eval.systems.base"]  # under TYPE_CHECKING
-    assert "nugget_rag.integrations.prune" in graph["nugget_rag.cli.prune"]  # inside a function
+    assert "nugget_rag.integrations.ingest.ray" in graph["nugget_rag.cli.ingest"]  # inside a function
 
 
 def test_modules_import_each_other_without_a_cycle():
@@ -215,6 +245,20 @@ def test_each_layer_imports_only_the_layers_listed_above_it():
     assert not unlisted, f"layers missing from README's layout table: {unlisted}"
     upward = upward_imports(modules)
     assert not upward, "imports of a layer listed at or below the importer's row:\n" + "\n".join(upward)
+
+
+def test_integrations_go_published_then_local_index_then_stores_never_back():
+    """Each subpackage of integrations/ is a layer of README's layout table (so the rule above holds them to its
+    order), the stores below the local index below the published index; its modules are in them, by job."""
+    assert not misordered(layout_rows()), f"README's layout table must list {' < '.join(INTEGRATIONS_ORDER)}"
+    assert not (loose := loose_integrations(project_modules())), \
+        f"integrations/ modules outside its subpackages: {loose}; put each in the subpackage of its job"
+
+
+def test_the_package_imports_what_a_public_path_re_exports_from_its_home():
+    """One place to import the reading plan from (components/resolution.py), and Ray ingest (ingest/ray.py)."""
+    assert not (found := re_export_imports(project_modules())), \
+        "imports of a re-export, not of its home:\n" + "\n".join(found)
 
 
 def test_the_top_level_holds_few_modules():
@@ -244,10 +288,23 @@ INJECTED = {  # a module added to the package with one violation each, and what 
     "upward": ("nugget_rag.state.injected", "def late():\n    from ..generation import decoding\n"),
     "long": ("nugget_rag.cli_injected", "x = 1\n" * (MODULE_LINES + 1)),
     "private module": ("nugget_rag.train.injected", "from ..eval.systems._kv import frozen_pass\n"),
-    "private name": ("nugget_rag.serving.injected", "from ..integrations.index import _add\n"),
+    "private name": ("nugget_rag.serving.injected", "from ..integrations.local.index import _add\n"),
     "top level": ("nugget_rag.injected", "x = 1\n"),
+    "options": ("nugget_rag.cli.options", "from .opening import open_index\n"),
     "model.py": ("nugget_rag.model.nugget_model", "x = 1\n" * (MODEL_LINES + 1)),
+    "stores back": ("nugget_rag.integrations.stores.injected", "from ..local.index import NuggetIndex\n"),
+    "local back": ("nugget_rag.integrations.local.injected", "def late():\n    from ..published import index\n"),
+    "loose": ("nugget_rag.integrations.injected", "x = 1\n"),
+    "re-export": ("nugget_rag.cli.injected", "from ..resolution import RESOLUTIONS\n"),
 }
+
+
+def test_the_integrations_order_fails_on_a_layout_table_listing_it_otherwise():
+    rows = dict(layout_rows())
+    assert not misordered(rows)
+    rows["integrations/published"], rows["integrations/local"] = rows["integrations/local"], rows["integrations/published"]
+    assert misordered(rows) == list(INTEGRATIONS_ORDER)
+    assert misordered({name: row for name, row in layout_rows().items() if name != "integrations/stores"})
 
 
 @pytest.mark.parametrize("rule", INJECTED)
@@ -267,7 +324,21 @@ def test_each_rule_fails_on_an_injected_violation(rule, tmp_path):
         assert "nugget_rag.train.injected:1: imports the private module nugget_rag.eval.systems._kv" in \
             private_uses(modules)
     elif rule == "private name":
-        assert private_uses(modules) == ["nugget_rag.serving.injected: from ..integrations.index import _add"]
+        assert private_uses(modules) == ["nugget_rag.serving.injected: from ..integrations.local.index import _add"]
+    elif rule == "options":  # the options every command shares read no command: eval and train import them
+        assert upward_imports(modules) == ["nugget_rag.cli.options -> nugget_rag.cli.opening"]
+        assert find_cycle(layer_graph(modules)) is not None
+    elif rule == "stores back":
+        assert upward_imports(modules) == [
+            "nugget_rag.integrations.stores.injected -> nugget_rag.integrations.local.index"]
+        assert find_cycle(layer_graph(modules)) is not None  # the local index reads the stores
+    elif rule == "local back":
+        assert upward_imports(modules) == [
+            "nugget_rag.integrations.local.injected -> nugget_rag.integrations.published.index"]
+    elif rule == "re-export":
+        assert re_export_imports(modules) == ["nugget_rag.cli.injected -> nugget_rag.resolution"]
+    elif rule == "loose":
+        assert loose_integrations(modules) == [module]
     elif rule == "top level":
         assert len(top_level(modules)) == len(top_level(project_modules())) + 1 > TOP_LEVEL_MODULES
     else:

@@ -464,3 +464,25 @@ def test_publish_verify_counts_what_redis_sends_a_publish(tmp_path):
     table = bench.markdown({"meta": meta, "run": run, "segment_costs": costs})
     assert f"{run['chunks']:,} chunks in {run['segments']} segments" in table and "| median |" in table
     assert "| sha1 in Redis (EVALSHA) | 1 | 1 |" in table
+
+
+NOT_REPORTS = {"merge_predictions": "writes predictions, not a report", "ttft": "the harness writes its report",
+               "reporting": "the writer itself"}
+
+
+def test_every_benchmark_writes_its_report_through_reporting(tmp_path, capsys):
+    """Meta, JSON and Markdown written once (benchmarks/reporting.py), by every script that reports."""
+    unwritten = [path.name for path in sorted(BENCHMARKS.glob("*.py"))
+                 if path.stem not in NOT_REPORTS and "from reporting import" not in path.read_text()]
+    assert not unwritten, f"benchmarks writing their reports by hand: {unwritten}"
+    reporting = load_script("reporting")
+    lines = reporting.table(["a", "b"], [[1, "x"], [2.5, None]])
+    assert lines == ["| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | None |"]
+    report = {"meta": reporting.run_meta(command="python benchmarks/x.py", rows=2), "rows": [1, 2]}
+    reporting.write_report(tmp_path / "x.md", report, lambda r: f"rows {r['meta']['rows']}, {r['meta']['load_after']}\n")
+    written = json.loads((tmp_path / "x.json").read_text())
+    assert written["meta"]["command"] == "python benchmarks/x.py" and "load_after" in written["meta"]
+    assert (tmp_path / "x.md").read_text() == capsys.readouterr().out.rstrip("\n") + "\n"
+    reporting.write_report(None, {"rows": []}, "printed only\n")  # no --out: nothing written
+    assert capsys.readouterr().out == "printed only\n\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.md"]

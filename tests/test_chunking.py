@@ -1,4 +1,4 @@
-"""The batched token splitter (integrations/chunking.py) cuts the same chunks as LangChain's splitter measured by the
+"""The batched token splitter (integrations/ingest/chunking.py) cuts the same chunks as LangChain's splitter measured by the
 tokenizer a piece at a time, in far fewer tokenizer calls."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from tiny import tiny_tokenizer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from nugget_rag.integrations.chunking import split_documents, token_splitter
+from nugget_rag.integrations.ingest.chunking import split_documents, token_splitter
 
 WORDS = ("the falcon hunts over a river valley while sourdough rises overnight and Jupiter storms rage on "
          "dozens of moons near cliffs").split()

@@ -10,7 +10,8 @@ import pytest
 import torch
 from test_integrations import HashEmbeddings
 
-from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore, cli, cli_options
+from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore, cli
+from nugget_rag.cli import options as cli_options
 from nugget_rag.config import ANSWER_NO_REPEAT_NGRAM_SIZE
 from nugget_rag.generation.text import first_repeat
 from nugget_rag.integrations import NuggetIndex, build_qa_chain

@@ -1,4 +1,4 @@
-"""A damaged published index (integrations/index_check.py, index_verify.py), on a real redis-server: a publish never
+"""A damaged published index (integrations/published/check.py, verify.py), on a real redis-server: a publish never
 builds on a missing or altered segment, `nugget-rag index check` names what is broken and `--repair` mends it or
 publishes a consistent version without what is lost, and the job of a killed process resumes with only the store's
 URL. Each test breaks the store as an operator or a fault would (SETRANGE, DEL, OOM, a full lock)."""
@@ -23,11 +23,12 @@ from test_published_index import DOCS, handle
 from nugget_rag import NuggetCompressor, NuggetStore, StoreUnavailableError, cli
 from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.components.llm import NuggetLLM
-from nugget_rag.integrations import build_qa_chain, index_publishing
-from nugget_rag.integrations.index_check import check_index
-from nugget_rag.integrations.index_segments import DamagedIndexError, Pointer, pointer_key, segment_key, version_key
-from nugget_rag.integrations.publish_lock import publish_lock
-from nugget_rag.integrations.published_index import PublishedIndex
+from nugget_rag.integrations import build_qa_chain
+from nugget_rag.integrations.published import publishing as index_publishing
+from nugget_rag.integrations.published.check import check_index
+from nugget_rag.integrations.published.index import PublishedIndex
+from nugget_rag.integrations.published.lock import publish_lock
+from nugget_rag.integrations.published.segments import DamagedIndexError, Pointer, pointer_key, segment_key, version_key
 from nugget_rag.serving.job_records import JobRecords
 
 TESTS = Path(__file__).parent
@@ -234,7 +235,7 @@ def test_a_record_that_does_not_parse_names_the_sources_only_it_held(model, redi
 
 
 def test_repair_writes_a_segment_again_from_this_machines_cache(model, redis_url, tmp_path, cli_on, capsys):
-    from nugget_rag.integrations.published_index import cache_directory
+    from nugget_rag.integrations.published.index import cache_directory
     from nugget_rag.state.store import StoreLocation
 
     cache = cache_directory(StoreLocation.parse(redis_url))  # where `nugget-rag ask --store` caches, under XDG
@@ -354,7 +355,7 @@ sys.path.insert(0, sys.argv[1])
 from test_integrations import HashEmbeddings
 from tiny import tiny_nugget_model
 from nugget_rag import NuggetCompressor, NuggetStore
-from nugget_rag.integrations.published_index import PublishedIndex
+from nugget_rag.integrations.published.index import PublishedIndex
 from nugget_rag.serving import ingest_jobs
 from nugget_rag.serving.job_records import JobRecords
 

@@ -1,4 +1,4 @@
-"""The one ingest pipeline (integrations/ingest_pipeline.py): its de-duplication, a stop between batches, and a
+"""The one ingest pipeline (integrations/ingest/pipeline.py): its de-duplication, a stop between batches, and a
 compress stage run elsewhere through the same functions."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tiny import tiny_nugget_model
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.cancellation import RequestCancelled
 from nugget_rag.integrations import NuggetIndex
-from nugget_rag.integrations.ingest_pipeline import compress, embed, ingest, split, unindexed
+from nugget_rag.integrations.ingest.pipeline import compress, embed, ingest, split, unindexed
 
 
 @pytest.fixture

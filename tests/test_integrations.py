@@ -21,6 +21,7 @@ from nugget_rag.integrations import (
     NuggetIndex,
     NuggetRetriever,
     SentenceTransformerEmbeddings,
+    answer_chain,
     build_qa_chain,
     chunk_id,
     load_documents,
@@ -29,7 +30,7 @@ from nugget_rag.integrations import (
     render_html,
     render_terminal,
 )
-from nugget_rag.integrations.embeddings import MINILM_NAME
+from nugget_rag.integrations.stores.embeddings import MINILM_NAME
 from nugget_rag.model.scorer import select_nuggets
 from nugget_rag.resolution import RetrieverRank
 
@@ -306,7 +307,7 @@ def test_a_failed_or_crashed_save_leaves_the_previous_index_whole(index, tmp_pat
         index.save(saved)
     assert sorted(p.name for p in saved.iterdir()) == before
     index.documents[-1].metadata.pop("when")
-    from nugget_rag.integrations import index_files
+    from nugget_rag.integrations.local import files as index_files
 
     real = index_files._write_json
     monkeypatch.setattr(index_files, "_write_json", lambda *a: (_ for _ in ()).throw(OSError("killed")))
@@ -350,6 +351,23 @@ def test_qa_chain_answers_with_sources(index):
         build_qa_chain(index, llm, k=2, resolution=RetrieverRank(expand=3))
     text = build_qa_chain(index.as_retriever(k=2), llm, as_text=True).invoke(question)
     assert text == message.content  # greedy: the same answer
+
+
+def test_every_caller_of_the_question_path_gets_the_chains_checks(index):
+    """answer_chain (ask, the server, Ray replicas): the same answer as build_qa_chain's, whether the index retrieves
+    or the caller hands in what it retrieved, and the same refusals either way."""
+    question = "How fast does a falcon dive?"
+    llm = NuggetLLM(compressor=index.compressor, max_new_tokens=4)
+    expected = build_qa_chain(index, llm, k=2).invoke(question)
+    retrieved = index.as_retriever(k=2).invoke(question)
+    for chain in (answer_chain(index, 2, max_new_tokens=4), answer_chain(index, 2, retrieved=retrieved,
+                                                                          max_new_tokens=4)):
+        answer = chain.invoke(question)
+        assert answer.content == expected.content
+        assert answer.response_metadata["sources"] == expected.response_metadata["sources"]
+    for handed in (None, retrieved):
+        with pytest.raises(ValueError, match=r"RetrieverRank\(expand=3\) reads more chunks whole than k=2"):
+            answer_chain(index, 2, RetrieverRank(expand=3), retrieved=handed, max_new_tokens=4)
 
 
 def test_view_pieces_rebuild_the_text_and_mark_the_nuggets(compressor):
@@ -451,7 +469,7 @@ def test_chunks_of_documents_without_a_source_are_named_by_id_or_digest(compress
 
 
 def test_html_shading_follows_score_ranks_so_an_outlier_does_not_flatten_it():
-    from nugget_rag.integrations.visualize import NuggetView, score_levels
+    from nugget_rag.integrations.retrieval.visualize import NuggetView, score_levels
 
     scores = [-9387.0, -2010.0, -2000.0, -1990.0]
     assert score_levels(scores) == pytest.approx([0, 1 / 3, 2 / 3, 1])

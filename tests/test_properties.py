@@ -20,9 +20,9 @@ from tiny import tiny_nugget_model, tiny_tokenizer
 
 from nugget_rag import NuggetCompressor, NuggetStore
 from nugget_rag.integrations import NuggetIndex
-from nugget_rag.integrations.chunking import split_documents, token_splitter
-from nugget_rag.integrations.index_files import IndexFileError
-from nugget_rag.integrations.index_segments import (
+from nugget_rag.integrations.ingest.chunking import split_documents, token_splitter
+from nugget_rag.integrations.local.files import IndexFileError
+from nugget_rag.integrations.published.segments import (
     SegmentRef,
     VersionRecord,
     decode_segment,

@@ -1,4 +1,4 @@
-"""The index published in the nugget store (integrations/published_index.py): handles on one Redis store, each with
+"""The index published in the nugget store (integrations/published/index.py): handles on one Redis store, each with
 its own local cache directory and no filesystem in common, read and write the same versions, whole."""
 
 import dataclasses
@@ -15,12 +15,14 @@ from tiny import perturb_adapters, tiny_nugget_model
 
 from nugget_rag import NuggetCompressor, NuggetStore, StoreUnavailableError
 from nugget_rag.cancellation import RequestCancelled
-from nugget_rag.integrations import index_publishing, index_segments, prune
-from nugget_rag.integrations.faiss_store import faiss_vectors
-from nugget_rag.integrations.index_files import IndexFileError
-from nugget_rag.integrations.index_publishing import PublishOptions
-from nugget_rag.integrations.index_segments import pointer_key, segment_key, version_key
-from nugget_rag.integrations.published_index import PublishedIndex
+from nugget_rag.integrations import prune
+from nugget_rag.integrations.local.files import IndexFileError
+from nugget_rag.integrations.local.own_faiss import faiss_vectors
+from nugget_rag.integrations.published import publishing as index_publishing
+from nugget_rag.integrations.published import segments as index_segments
+from nugget_rag.integrations.published.index import PublishedIndex
+from nugget_rag.integrations.published.publishing import PublishOptions
+from nugget_rag.integrations.published.segments import pointer_key, segment_key, version_key
 from nugget_rag.state.store import StoreLocation
 
 TOPICS = ["falcon hunts pigeons over cliffs", "sourdough bread rises overnight", "jupiter storm spot moons",
@@ -162,7 +164,7 @@ def test_questions_during_a_publish_take_the_version_it_hands_them(model, redis_
         return real(*args)
 
     monkeypatch.setattr(index_publishing, "remove_versions", after_the_commit)
-    with caplog.at_level("INFO", logger="nugget_rag.integrations.published_index"):
+    with caplog.at_level("INFO", logger="nugget_rag.integrations.published.index"):
         index.ingest(DOCS[1:2])
     assert seen == [2] and "loaded version" not in caplog.text  # the new version, not loaded again by the question
 
@@ -193,7 +195,7 @@ def test_a_reader_whose_version_is_removed_mid_load_loads_the_newest(model, redi
             writer.ingest(DOCS[3:4])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("nugget_rag.integrations.published_index.read_version", slow_read)
+    monkeypatch.setattr("nugget_rag.integrations.published.index.read_version", slow_read)
     assert len(reader) == 4 and calls == [2, 4] and reader.record.version == 4
 
 

@@ -23,13 +23,13 @@ from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, cli  # noqa: E402
 from nugget_rag.integrations import NuggetIndex, read_documents  # noqa: E402
-from nugget_rag.integrations.index_files import index_location  # noqa: E402
-from nugget_rag.integrations.ray_ingest import (  # noqa: E402
+from nugget_rag.integrations.ingest.ray import (  # noqa: E402
     ModelMismatchError,
     RayClusterError,
     RayIngestOptions,
     ingest_distributed,
 )
+from nugget_rag.integrations.local.files import index_location  # noqa: E402
 from nugget_rag.state.store import STATE_KEY  # noqa: E402
 
 TESTS = Path(__file__).parent
@@ -199,7 +199,7 @@ def test_an_unreachable_redis_is_named_before_any_work(tmp_path, capsys):
 
 def test_ingest_on_ray_without_an_index_publishes_into_the_store(ingested, corpus, redis_url, tmp_path, monkeypatch,
                                                                  capsys):
-    from nugget_rag.integrations.published_index import PublishedIndex
+    from nugget_rag.integrations.published.index import PublishedIndex
 
     loader = ingested["loader"].model_copy(update={"crash": None})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -29,8 +29,8 @@ from tiny import tiny_base  # noqa: E402
 
 from nugget_rag import NuggetCompressor, NuggetConfig, NuggetModel, NuggetStore, cli  # noqa: E402
 from nugget_rag.generation import batching  # noqa: E402
-from nugget_rag.integrations.published_index import PublishedIndex  # noqa: E402
-from nugget_rag.integrations.ray_ingest import ModelMismatchError, connect  # noqa: E402
+from nugget_rag.integrations.ingest.ray import ModelMismatchError, connect  # noqa: E402
+from nugget_rag.integrations.published.index import PublishedIndex  # noqa: E402
 from nugget_rag.serving import create_app  # noqa: E402
 from nugget_rag.serving.ray_serve import (  # noqa: E402
     APP_NAME,
@@ -320,7 +320,7 @@ def test_a_replica_over_a_directory_reads_each_save_and_ingests_under_its_lock(t
     (the pipeline in-process here, in place of Ray Data) is saved for every replica, and a stopped one saves nothing."""
     from nugget_rag.cancellation import RequestCancelled
     from nugget_rag.integrations import NuggetIndex
-    from nugget_rag.integrations.ingest_pipeline import ingest
+    from nugget_rag.integrations.ingest.pipeline import ingest
     from nugget_rag.serving import ray_serve
     from nugget_rag.serving.ray_serve import ReplicaIndex, replica_spec
 

@@ -1,5 +1,5 @@
 """Secrets never printed (nugget_rag/state/redaction.py, by name and by shape, wherever settings are printed), and
-"does not answer" said of connection errors alone (integrations/user_store.py's `unreachable`)."""
+"does not answer" said of connection errors alone (integrations/stores/user_store.py's `unreachable`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from test_integrations import HashEmbeddings
 
 from nugget_rag import cli
 from nugget_rag.integrations import EngineUnavailable, VectorStoreSpec
-from nugget_rag.integrations.user_store import answering, unreachable
+from nugget_rag.integrations.stores.user_store import answering, unreachable
 from nugget_rag.serving.errors import failure
 from nugget_rag.state.redaction import redacted, secret_name
 from nugget_rag.state.store import StoreLocation

@@ -14,9 +14,9 @@ from redis_server import RedisServer
 from test_published_index import DOCS, handle
 
 from nugget_rag import NuggetStore, StoreUnavailableError
-from nugget_rag.integrations import index_publishing
-from nugget_rag.integrations import publish_lock as locks
-from nugget_rag.integrations.index_check import check_index
+from nugget_rag.integrations.published import lock as locks
+from nugget_rag.integrations.published import publishing as index_publishing
+from nugget_rag.integrations.published.check import check_index
 from nugget_rag.serving import ingest_jobs
 from nugget_rag.serving.job_records import JobRecords
 

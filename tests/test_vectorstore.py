@@ -14,8 +14,8 @@ from test_integrations import DOCS, HashEmbeddings, forbid_compress
 
 from nugget_rag import NuggetCompressor, NuggetLLM, NuggetStore, cli
 from nugget_rag.integrations import NuggetIndex, VectorStoreSpec, build_qa_chain, prune
-from nugget_rag.integrations.index_files import index_location
-from nugget_rag.integrations.user_store import from_store
+from nugget_rag.integrations.local.files import index_location
+from nugget_rag.integrations.stores.user_store import from_store
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -22,11 +22,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ..cli_options import UserError
 from ..state.redaction import redacted
 from . import ask, harness, index, ingest, inspect, jobs, loading, prune, refloor, serve, summarize
 from .loading import load_compressor, load_embeddings, vectorstore_spec  # as before; tests replace cli.loading's
-from .options import model_options
+from .options import UserError, model_options
 
 log = logging.getLogger("nugget_rag.cli")
 COMMANDS = [ingest, ask, summarize, serve, jobs, index, refloor, prune, inspect, harness]  # in `nugget-rag --help`'s order

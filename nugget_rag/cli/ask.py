@@ -9,11 +9,10 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_options import UserError, add_repetition_options, add_weights_option, positive_int
-from ..components.llm import NuggetLLM
-from ..resolution import RESOLUTIONS
+from ..components.resolution import RESOLUTIONS
+from . import options
 from .opening import open_index
-from .options import API_KEY_ENV, add_stores_options
+from .options import API_KEY_ENV, UserError, positive_int
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
@@ -29,14 +28,14 @@ def register(commands: argparse._SubParsersAction, model_options: argparse.Argum
     ask.add_argument("--resolution", choices=RESOLUTIONS, default="default",
                      help=("how each chunk is read: default (the best measured policy), uniform (all as nuggets at "
                            "the index's ratio), or a policy of nugget_rag.resolution with its defaults"))
-    add_repetition_options(ask)
-    add_weights_option(ask)
-    add_stores_options(ask)
+    options.add_repetition_options(ask)
+    options.add_weights_option(ask)
+    options.add_stores_options(ask)
     ask.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..integrations import build_qa_chain, source_label
+    from ..integrations import answer_chain, source_label
 
     if args.url:
         return ask_server(args)
@@ -47,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
     index = opened.published().current() if opened.directory is None else opened.open()
     if not len(index):
         raise UserError(f"the index in {args.index or args.store} is empty; ingest documents into it first")
-    llm = NuggetLLM(compressor=index.compressor, max_new_tokens=args.max_new_tokens,
-                    no_repeat_ngram_size=args.no_repeat_ngram, repetition_penalty=args.repetition_penalty)
+    chain = answer_chain(index, args.k, args.resolution, max_new_tokens=args.max_new_tokens,
+                         no_repeat_ngram_size=args.no_repeat_ngram, repetition_penalty=args.repetition_penalty)
     answer = None
-    for chunk in build_qa_chain(index, llm, k=args.k, resolution=args.resolution).stream(args.question):
+    for chunk in chain.stream(args.question):
         if chunk.content:
             sys.stdout.write(chunk.content)
             sys.stdout.flush()

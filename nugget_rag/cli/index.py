@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_options import add_verbose_option, positive_float, redis_store
+from .options import add_verbose_option, positive_float, redis_store
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
@@ -31,8 +31,8 @@ def register(commands: argparse._SubParsersAction, model_options: argparse.Argum
 def run(args: argparse.Namespace) -> int:
     """`index check`: the index published in --store, every version checked (--repair: mended, or republished
     without what is lost); exit 1 while anything stays broken, or when chunks were lost."""
-    from ..integrations.index_check import check_index, repair_index
-    from ..integrations.published_index import cache_directory
+    from ..integrations.published.check import check_index, repair_index
+    from ..integrations.published.index import cache_directory
 
     store = args.store.open()
     if args.repair:

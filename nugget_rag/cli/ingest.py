@@ -10,14 +10,21 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.documents import Document
 
-from ..cli_options import UserError, positive_float, positive_int, ratio_arg, ray_address
 from . import loading
 from .opening import open_index
-from .options import add_stores_options, add_text_states_option
+from .options import (
+    UserError,
+    add_stores_options,
+    add_text_states_option,
+    positive_float,
+    positive_int,
+    ratio_arg,
+    ray_address,
+)
 
 if TYPE_CHECKING:
     from ..components.compressor import NuggetCompressor
-    from ..integrations.index import NuggetIndex, Pipeline
+    from ..integrations.local.index import NuggetIndex, Pipeline
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
@@ -54,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from ..integrations import load_documents
 
     if args.ray is not None:
-        from ..integrations.ray_ingest import connect
+        from ..integrations.ingest.ray import connect
 
         connect(None if args.ray == "local" else args.ray)  # an unreachable cluster fails here, before any work
     elif args.workers or args.gpus_per_worker:
@@ -96,7 +103,7 @@ def ray_pipeline(args: argparse.Namespace) -> Pipeline | None:
     """With --ray: compress on the Ray workers (the rest of the ingest runs here); else None, all in this process."""
     if args.ray is None:
         return None
-    from ..integrations.ray_ingest import RayIngestOptions, ingest_distributed
+    from ..integrations.ingest.ray import RayIngestOptions, ingest_distributed
 
     options = RayIngestOptions(address=None if args.ray == "local" else args.ray, workers=args.workers,
                                gpus_per_worker=args.gpus_per_worker)
@@ -118,7 +125,7 @@ def report_ingest(args: argparse.Namespace, index: NuggetIndex, added: int, comp
                   written: int) -> None:
     """What an ingest into a directory did: documents, chunks, speed, where the nuggets are, and the bytes that
     `compressor` (the command's) stored."""
-    from ..integrations.index_files import NUGGETS_DIR
+    from ..integrations.local.files import NUGGETS_DIR
 
     stats = index.last_ingest
     seconds = max(stats["seconds"], 1e-9)

@@ -7,8 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_options import UserError, ratio_arg
 from . import loading
+from .options import UserError, ratio_arg
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:

@@ -7,9 +7,8 @@ import argparse
 import time
 from pathlib import Path
 
-from ..cli_options import UserError
 from .opening import open_index
-from .options import add_stores_options, add_text_states_option
+from .options import UserError, add_stores_options, add_text_states_option
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
@@ -30,7 +29,7 @@ def register(commands: argparse._SubParsersAction, model_options: argparse.Argum
 def run(args: argparse.Namespace) -> int:
     """`jobs list` the ingest jobs recorded in an index's store; `jobs resume ID` runs a job whose server stopped,
     from the documents it had not ingested, in this process (Ctrl-C leaves it to resume again)."""
-    from ..integrations.index_files import NUGGETS_DIR
+    from ..integrations.local.files import NUGGETS_DIR
     from ..serving.ingest_jobs import IngestJobError, reported
     from ..serving.job_records import JobRecords
     from ..state.store import NuggetStore

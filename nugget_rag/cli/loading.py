@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from langchain_core.embeddings import Embeddings
 
-from ..cli_options import UserError
 from ..components.compressor import NuggetCompressor
+from .options import UserError
 
 if TYPE_CHECKING:
-    from ..integrations.vectorstores import VectorStoreSpec
+    from ..integrations.stores.spec import VectorStoreSpec
     from ..model.nugget_model import NuggetModel
 
 
@@ -31,7 +31,7 @@ def load_compressor(args: argparse.Namespace, store_dir: Path | None = None) -> 
 
 def ray_model_loader(args: argparse.Namespace) -> Callable[[], NuggetModel]:
     """What each Ray worker loads: the driver's --checkpoint and --base-model (in the driver model's dtype)."""
-    from ..integrations.ray_ingest import ModelLoader
+    from ..integrations.ingest.ray import ModelLoader
 
     return ModelLoader(checkpoint=args.checkpoint, base_model=args.base_model)
 
@@ -53,7 +53,7 @@ def load_embeddings(args: argparse.Namespace) -> Embeddings:
 
 def vectorstore_spec(args: argparse.Namespace) -> VectorStoreSpec | None:
     """--vectorstore and --vectorstore-kwargs: the user's vector store to build, or None (the index's own FAISS)."""
-    from ..integrations.vectorstores import VectorStoreSpec
+    from ..integrations.stores.spec import VectorStoreSpec
 
     if args.vectorstore is None:
         if args.vectorstore_kwargs:

@@ -1,5 +1,5 @@
 """The index a command's arguments name, opened one way for every command: the index saved in --index DIR, or the
-one published in the Redis of --store (integrations/published_index.py), read with the nuggets it was built with."""
+one published in the Redis of --store (integrations/published/index.py), read with the nuggets it was built with."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
 from ..cancellation import Stop
-from ..cli_options import UserError
 from ..components.compressor import NuggetCompressor
 from . import loading
+from .options import UserError
 
 if TYPE_CHECKING:
-    from ..integrations.index import NuggetIndex, Pipeline
-    from ..integrations.published_index import PublishedIndex
-    from ..integrations.vectorstores import VectorStoreSpec
+    from ..integrations.local.index import NuggetIndex, Pipeline
+    from ..integrations.published.index import PublishedIndex
+    from ..integrations.stores.spec import VectorStoreSpec
     from ..state.store import StoreLocation
 
 
@@ -48,14 +48,14 @@ class CommandIndex:
                **settings: Any) -> tuple[NuggetIndex, int]:
         """`documents` added to the index in the directory, under its lock, and saved (`ingest_into_directory`):
         the index as saved, and its new chunks. `settings` are NuggetIndex's (chunking, progress)."""
-        from ..integrations.index import ingest_into_directory
+        from ..integrations.local.index import ingest_into_directory
 
         return ingest_into_directory(self.directory, self.compressor, self.embeddings, documents, stop, pipeline,
                                      vectorstore=self.vectorstore, **settings)
 
     def published(self, **settings: Any) -> PublishedIndex:
         """The index published in the store, its segments cached on this machine; `settings` are PublishedIndex's."""
-        from ..integrations.published_index import PublishedIndex, cache_directory
+        from ..integrations.published.index import PublishedIndex, cache_directory
 
         return PublishedIndex(self.compressor, self.embeddings, cache_dir=cache_directory(self.store), **settings)
 
@@ -66,27 +66,25 @@ def open_index(args: argparse.Namespace, must_exist: bool = False) -> CommandInd
 
     Refused, before the model loads: a --ratio other than the index's, --vectorstore with a published index (its
     vectors are in the store)."""
-    ratio = getattr(args, "ratio", None)
-    if args.index is None:
-        from ..integrations.published_index import published_manifest
+    from ..integrations.published.named import NamedIndex
 
-        if args.vectorstore is not None:
-            raise UserError("--vectorstore: an index published in --store keeps its vectors in the store; a vector "
-                            "store of your own is read with --index DIR, the directory it was ingested into")
-        manifest = published_manifest(args.store.open())
-        if manifest is not None and ratio is not None and ratio != manifest.get("ratio"):
+    ratio = getattr(args, "ratio", None)
+    if args.index is None and args.vectorstore is not None:
+        raise UserError("--vectorstore: an index published in --store keeps its vectors in the store; a vector "
+                        "store of your own is read with --index DIR, the directory it was ingested into")
+    named = NamedIndex(args.index, args.store.open() if args.index is None else None)
+    manifest = saved_manifest(args.index) if must_exist and args.index is not None else named.manifest()
+    if manifest is not None and ratio is not None and ratio != manifest.get("ratio"):
+        if args.index is None:
             raise UserError(f"the index published in {args.store} holds nuggets at r = {manifest.get('ratio'):g}; "
                             f"ingest into an --index directory to use r = {ratio:g}")
-        args.ratio = ratio if manifest is None else manifest.get("ratio")  # the nuggets it was built with
-        return CommandIndex(None, args.store, reading_compressor(args), loading.load_embeddings(args))
-    from ..integrations import read_manifest
-    from ..integrations.index_files import NUGGETS_DIR
-
-    manifest = saved_manifest(args.index) if must_exist else read_manifest(args.index)
-    if manifest is not None and ratio is not None and ratio != manifest.get("ratio"):
         raise UserError(f"the index in {args.index} holds nuggets at r = {manifest.get('ratio'):g}; "
                         f"ingest into a new --index directory to use r = {ratio}")
-    args.ratio = ratio if manifest is None else manifest.get("ratio")
+    args.ratio = ratio if manifest is None else manifest.get("ratio")  # the nuggets it was built with
+    if args.index is None:
+        return CommandIndex(None, args.store, reading_compressor(args), loading.load_embeddings(args))
+    from ..integrations.local.files import NUGGETS_DIR
+
     compressor = reading_compressor(args, store_dir=args.index / NUGGETS_DIR)
     embeddings = loading.load_embeddings(args)
     spec = loading.vectorstore_spec(args)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cli_options import UserError, add_store_option, add_verbose_option
 from .opening import saved_manifest
+from .options import UserError, add_store_option, add_verbose_option
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def register(commands: argparse._SubParsersAction, model_options: argparse.Argum
 
 def run(args: argparse.Namespace) -> int:
     from ..integrations import prune
-    from ..integrations.index_files import NUGGETS_DIR
+    from ..integrations.local.files import NUGGETS_DIR
     from ..state.store import NuggetStore
 
     saved = saved_manifest(args.index).get("nugget_store", "directory")

@@ -1,13 +1,12 @@
-"""`nugget-rag refloor`: cut every stored state of an index to a coarser floor (integrations/refloor.py)."""
+"""`nugget-rag refloor`: cut every stored state of an index to a coarser floor (integrations/local/refloor.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..cli_options import UserError, ratio_arg
 from .opening import open_index
-from .options import add_stores_options
+from .options import UserError, add_stores_options, ratio_arg
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:

@@ -10,10 +10,19 @@ import sys
 import threading
 from pathlib import Path
 
-from ..cli_options import UserError, add_weights_option, positive_float, positive_int, ray_address, replica_range
 from . import loading
 from .opening import open_index
-from .options import API_KEY_ENV, add_stores_options, add_text_states_option
+from .options import (
+    API_KEY_ENV,
+    UserError,
+    add_stores_options,
+    add_text_states_option,
+    add_weights_option,
+    positive_float,
+    positive_int,
+    ray_address,
+    replica_range,
+)
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
@@ -61,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serving import create_app
 
     if args.ray is not None:
-        from ..integrations.ray_ingest import connect
+        from ..integrations.ingest.ray import connect
         from ..serving.ray_serve import REPLICA_NICENESS
 
         replicas = args.replicas or (1, None)

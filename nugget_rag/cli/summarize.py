@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from ..cli_options import UserError, positive_int, ratio_arg
 from ..config import SummaryReading
 from . import loading
 from .opening import open_index
-from .options import add_stores_options
+from .options import UserError, add_stores_options, positive_int, ratio_arg
 
 
 def register(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
@@ -40,7 +39,7 @@ def register(commands: argparse._SubParsersAction, model_options: argparse.Argum
 
 def run(args: argparse.Namespace) -> int:
     from ..integrations import load_documents
-    from ..integrations.summary_chain import NuggetSummarizer
+    from ..integrations.retrieval.summary_chain import NuggetSummarizer
 
     documents = [d for d in load_documents(args.paths) if d.page_content.strip()]
     if not documents:

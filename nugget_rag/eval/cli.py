@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
-from ..cli_options import add_checkpoint_option, add_weights_option
+from ..cli.options import add_checkpoint_option, add_weights_option
 from ..config import Decoding
 from .config import TASKS, EvalConfig, all_systems
 

@@ -12,11 +12,10 @@ import anyio
 from fastapi import HTTPException, Request
 from fastapi.responses import StreamingResponse
 from langchain_core.documents import Document
-from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.runnables import Runnable
 
 from ..cancellation import RequestCancelled, cancellable, check
-from ..components.llm import NuggetLLM
-from ..integrations import build_qa_chain, reading_view
+from ..integrations import answer_chain, reading_view
 from .admission import Slot, watched
 from .errors import failure
 from .request_models import AskRequest
@@ -52,14 +51,13 @@ async def begin_answer(state: AppState, request: AskRequest, http: Request) -> t
         pieces end."""
         try:
             with cancellable(slot.stop):
-                llm = NuggetLLM(compressor=state.compressor, max_new_tokens=request.max_new_tokens,
-                                finish_sentence=request.finish_sentence,
-                                no_repeat_ngram_size=request.no_repeat_ngram_size,
-                                repetition_penalty=request.repetition_penalty, batcher=state.batcher)
                 with state.search:
                     docs = index.as_retriever(k=request.k).invoke(request.question)
                 check()
-                chain = build_qa_chain(RunnableLambda(lambda _: docs), llm, resolution=request.resolution)
+                chain = answer_chain(index, request.k, request.resolution, compressor=state.compressor, retrieved=docs,
+                                     max_new_tokens=request.max_new_tokens, finish_sentence=request.finish_sentence,
+                                     no_repeat_ngram_size=request.no_repeat_ngram_size,
+                                     repetition_penalty=request.repetition_penalty, batcher=state.batcher)
                 pieces = answer_pieces(state, chain, request.question, slot, docs if request.passages else None)
                 return itertools.chain([next(pieces)], pieces)
         except RequestCancelled:

@@ -15,7 +15,7 @@ import anyio
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from ..integrations.index import NuggetIndex
+from ..integrations.local.index import NuggetIndex
 from .errors import add_error_handlers
 from .local_index import local_index
 from .middleware import ApiKey, BodyLimit

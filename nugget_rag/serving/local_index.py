@@ -11,8 +11,8 @@ from typing import Any
 from langchain_core.documents import Document
 
 from ..cancellation import Stop
-from ..integrations import ingest_pipeline
-from ..integrations.index import NuggetIndex, ingest_into_directory
+from ..integrations.ingest import pipeline as ingest_pipeline
+from ..integrations.local.index import NuggetIndex, ingest_into_directory
 from .served_index import ServedIndex
 
 

@@ -6,11 +6,11 @@
 Every replica loads one model (`ModelLoader`, as an ingest worker does) and refuses to start when its fingerprint is
 not the driver's; the driver itself refuses an index whose nuggets another model made, before any replica starts.
 The replicas read one shared nugget store (Redis, or a directory every node sees) and the index either published
-in that store (`index_dir=None`: published_index.py; each replica needs only the store's URL) or in one index
+in that store (`index_dir=None`: integrations/published/; each replica needs only the store's URL) or in one index
 directory (a filesystem every node mounts at the same path). Before each use a replica checks the published pointer
 (one small read) or the directory's manifest (one stat); when another replica's ingest replaced it, it loads the new
-version, so an ingest through any replica is seen by all. POST /ingest (and its background jobs) runs ingest_pipeline's
-ingest, compressing on Ray Data (RayCompression), then publishes (or saves, under the directory's lock).
+version, so an ingest through any replica is seen by all. POST /ingest (and its background jobs) runs the ingest
+pipeline's ingest, compressing on Ray Data (RayCompression), then publishes (or saves, under the directory's lock).
 
 Routes, API key, streaming and OpenAI compatibility are the single-process server's; /health and /metrics describe
 the replica that answered, named by every response's `x-nugget-replica` header. With `max_replicas`, Serve scales
@@ -37,11 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..cancellation import Stop
 from ..components.compressor import NuggetCompressor
 from ..config import MergedFormat
-from ..integrations.index import NuggetIndex, ingest_into_directory
-from ..integrations.index_files import MANIFEST_FILE, IndexFileError, read_manifest
-from ..integrations.ingest_pipeline import ingest
-from ..integrations.published_index import PublishedIndex, published_manifest
-from ..integrations.ray_ingest import (
+from ..integrations.ingest.pipeline import ingest
+from ..integrations.ingest.ray import (
     COMPRESSOR_SETTINGS,
     ModelLoader,
     ModelMismatchError,
@@ -50,7 +47,11 @@ from ..integrations.ray_ingest import (
     connect,
     shared_location,
 )
-from ..integrations.vectorstores import VectorStoreSpec
+from ..integrations.local.files import MANIFEST_FILE, IndexFileError
+from ..integrations.local.index import NuggetIndex, ingest_into_directory
+from ..integrations.published.index import PublishedIndex
+from ..integrations.published.named import NamedIndex
+from ..integrations.stores.spec import VectorStoreSpec
 from ..model import NuggetModel
 from ..state.store import StoreLocation
 from .app import create_app
@@ -190,7 +191,7 @@ class ReplicaIndex:
 
 
 def ingest_on_ray(spec: ReplicaSpec, index: NuggetIndex, documents: list[Document], stop: Stop | None = None) -> int:
-    """A replica's ingest: ingest_pipeline's, into `index`, compressing on Ray Data with the workers that start now."""
+    """A replica's ingest: the ingest pipeline's, into `index`, compressing on Ray Data with the workers that start now."""
     options = spec.ingest
     free = ray.available_resources().get("GPU" if options.gpus_per_worker else "CPU", 0)
     workers = max(1, int(free // (options.gpus_per_worker or options.cpus_per_worker)))  # those that start now
@@ -242,11 +243,8 @@ def _named(app, replica: str):
 def check_index_model(index_dir: str | Path | None, compressor: NuggetCompressor) -> None:
     """Refuse to serve an index (None: the one published in the compressor's store) whose nuggets another model (or
     ratio, or floor) made: a ModelMismatchError naming both. An index with no chunks yet takes any model."""
-    if index_dir is None:
-        manifest = published_manifest(compressor.store) or {}
-        where = f"the index published in {compressor.store.location}"
-    else:
-        manifest, where = read_manifest(index_dir) or {}, f"the index in {index_dir}"
+    named = NamedIndex(index_dir, compressor.store)
+    manifest, where = named.manifest() or {}, named.where
     saved = manifest.get("nugget_fingerprint")
     if manifest.get("count") and saved != compressor.fingerprint:
         raise ModelMismatchError(

@@ -13,7 +13,7 @@ from langchain_core.documents import Document
 
 from ..cancellation import Stop
 from ..components.compressor import NuggetCompressor
-from ..integrations.index import NuggetIndex
+from ..integrations.local.index import NuggetIndex
 
 
 class ServedIndex(Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 
 from ...cancellation import cancellable
-from ...integrations.summary_chain import NuggetSummarizer
+from ...integrations.retrieval.summary_chain import NuggetSummarizer
 from ..admission import watched
 from ..request_models import SummarizeRequest
 from ..state import State

@@ -13,7 +13,6 @@ tells it (EngineUnavailable).
 
 from __future__ import annotations
 
-import inspect
 import json
 import socket
 import uuid
@@ -26,6 +25,8 @@ from langchain_core.vectorstores import VectorStore
 
 from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.state.redaction import redacted
+
+from .engines import engine_of
 
 UUID_IDS = "uuid5"  # the manifest's "store_ids": uuid5(NAMESPACE, "collection/chunk id")
 CHUNK_IDS = "chunk id"  # the chunk's own id: FAISS's, and a user's store's in an index saved before UUID_IDS
@@ -90,17 +91,6 @@ class EngineUnavailable(ConnectionError):
     """The engine behind the user's vector store does not answer."""
 
 
-def store_address(vectorstore: VectorStore) -> str | None:
-    """Where the store's engine is, where the store tells it publicly (Qdrant's client options)."""
-    options = getattr(getattr(vectorstore, "client", None), "init_options", None)
-    if not isinstance(options, dict):
-        return None
-    for name in ("url", "location", "path", "host"):
-        if isinstance(options.get(name), str):
-            return options[name] + (f":{options['port']}" if name == "host" and options.get("port") else "")
-    return None
-
-
 def unreachable(err: BaseException | None) -> bool:
     """Whether `err`, or an error it wraps, says the engine does not answer: a connection refused, reset or timed
     out, or a host name that does not resolve (an OSError of those kinds; httpx's ConnectTimeout; httpx's
@@ -129,40 +119,22 @@ def answering(vectorstore: VectorStore, doing: str) -> Iterator[None]:
     except Exception as err:
         if not unreachable(err):
             raise
-        address = store_address(vectorstore)
+        address = engine_of(vectorstore).address(vectorstore)
         where = f" at {redacted(address)}" if address else ""
         raise EngineUnavailable(f"the engine of the vector store {type(vectorstore).__name__}{where} does not answer "
                                 f"({type(err).__name__}: {redacted(str(err))}); could not {doing}. Start it, or fix "
                                 "its address in the store's settings") from err
 
 
-def vector_parameters(vectorstore: VectorStore) -> set[str]:
-    """The parameters of the store's `add_embeddings`, which takes vectors as they are (none: it has none)."""
-    add_embeddings = getattr(vectorstore, "add_embeddings", None)
-    if not callable(add_embeddings):
-        return set()
-    try:
-        return set(inspect.signature(add_embeddings).parameters)
-    except (TypeError, ValueError):
-        return set()
-
-
 def add(vectorstore: VectorStore, chunks: Sequence[Document], vectors: Sequence[Sequence[float]],
         ids: Sequence[str]) -> None:
-    """Put compressed `chunks` into the user's store under `ids`, with flat metadata: as vectors where the store
-    takes them (`add_embeddings`: FAISS's pairs, PGVector's lists), else as documents it embeds. A store that returns other ids than it was given is
-    refused, what it added deleted again."""
+    """Put compressed `chunks` into the user's store under `ids`, with flat metadata, as its engine takes them
+    (engine.py: vectors where the store takes them, else documents it embeds). A store that returns other ids than it
+    was given is refused, what it added deleted again."""
     metadatas = [to_store(chunk) for chunk in chunks]
     texts, vectors = [c.page_content for c in chunks], [list(v) for v in vectors]
     with answering(vectorstore, f"add {len(chunks)} chunks"):
-        parameters = vector_parameters(vectorstore)
-        if "text_embeddings" in parameters:  # FAISS's: (text, vector) pairs
-            returned = vectorstore.add_embeddings(list(zip(texts, vectors)), metadatas=metadatas, ids=list(ids))
-        elif {"texts", "embeddings"} <= parameters:  # PGVector's
-            returned = vectorstore.add_embeddings(texts, vectors, metadatas=metadatas, ids=list(ids))
-        else:
-            returned = vectorstore.add_documents(
-                [Document(page_content=t, metadata=m) for t, m in zip(texts, metadatas)], ids=list(ids))
+        returned = engine_of(vectorstore).add(vectorstore, texts, vectors, metadatas, list(ids))
     if returned is not None and list(returned) != list(ids):
         other = [i for i in returned if i not in set(ids)]
         try:
@@ -189,4 +161,4 @@ def delete(vectorstore: VectorStore, ids: Sequence[str]) -> None:
 
 
 __all__ = ["CHUNK_IDS", "CHUNK_ID_KEY", "UUID_IDS", "EngineUnavailable", "add", "answering", "check_flat", "delete",
-           "from_store", "store_address", "store_id", "to_store", "unreachable", "vector_parameters"]
+           "from_store", "store_id", "to_store", "unreachable"]

@@ -18,7 +18,7 @@ except ImportError as err:  # a core install: retrieval is an extra
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 
-from .index_files import MANIFEST_FILE, IndexFileError, data_files, read_content
+from .files import MANIFEST_FILE, IndexFileError, data_files, read_content
 
 with warnings.catch_warnings():  # langchain-community announces its sunset on import
     warnings.simplefilter("ignore")

@@ -29,7 +29,7 @@ from nugget_rag.config import DECODER, PROBE_RATIO, NuggetConfig, SummaryReading
 from nugget_rag.generation.decoding import GenerationSettings, RowSteps, generate, generation_steps
 from nugget_rag.prompts import SUMMARY_PROMPT, chat_token_ids
 
-from .chunking import token_splitter
+from ..ingest.chunking import token_splitter
 
 DEFAULT_READING: SummaryReading = get_args(SummaryReading)[0]  # chosen by measurement: BENCHMARKS.md
 FINISH_SENTENCE = 32  # tokens past a limit to end the sentence it cut

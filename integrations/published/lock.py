@@ -1,4 +1,4 @@
-"""The lock a publish of an index holds (index_publishing.py), one publisher at a time: Redis's (a key that expires
+"""The lock a publish of an index holds (publishing.py), one publisher at a time: Redis's (a key that expires
 should its holder die), a file lock beside a directory store, or a lock of this process for any other ByteStore.
 
 A Redis lock that could not be released because the server was down (it was killed, or restarted) is released by
@@ -18,7 +18,7 @@ from filelock import FileLock, Timeout
 from nugget_rag.cancellation import check
 from nugget_rag.state.store import NuggetStore, StoreUnavailableError
 
-from .index_segments import PREFIX, describe
+from .segments import PREFIX, describe
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ ingest_distributed and its serve replicas):
 already in the index and repeats within the batch; `compress` puts each new chunk's nuggets into the compressor's
 store (a state already there is read, never recomputed); `embed` makes their vectors; `add` puts them into the
 vector store and the index's records. Compress and embed run in a CompressStage: here, a batch at a time
-(`InProcess`), or on a Ray cluster's workers (ray_ingest.RayCompression), which call the same `compress` and
+(`InProcess`), or on a Ray cluster's workers (ray.RayCompression), which call the same `compress` and
 `embed`. Each batch is compressed before it is added, so every indexed chunk has its nuggets in the store; a
 cancelled ingest (cancellation.py) stops at its next batch, every batch added so far whole.
 """

@@ -1,4 +1,4 @@
-"""`nugget-rag index check`: the published index's fsck (the layout: index_segments.py), and its repair.
+"""`nugget-rag index check`: the published index's fsck (the layout: segments.py), and its repair.
 
     report = check_index(store, "default")            # every version the pointer names: record, segments, counts
     report = repair_index(store, "default", caches)   # rewrite what a verified copy has; publish without the rest
@@ -33,9 +33,10 @@ from pydantic import BaseModel
 from nugget_rag.components.compressor import METADATA_KEY
 from nugget_rag.state.store import NuggetStore
 
-from .index_files import IndexFileError
-from .index_publishing import PublishOptions, commit_version
-from .index_segments import (
+from ..local.files import IndexFileError
+from .lock import publish_lock
+from .publishing import PublishOptions, commit_version
+from .segments import (
     PREFIX,
     Pointer,
     SegmentCache,
@@ -54,7 +55,6 @@ from .index_segments import (
     segment_key,
     version_key,
 )
-from .publish_lock import publish_lock
 
 log = logging.getLogger(__name__)
 

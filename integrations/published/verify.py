@@ -1,4 +1,4 @@
-"""What a publish checks before it commits (index_publishing.py): that every segment the new version lists, and that
+"""What a publish checks before it commits (publishing.py): that every segment the new version lists, and that
 an earlier publish wrote, is in the store and intact, written again from a verified copy where it is not; and that no
 segment is larger than the store takes. A damaged store never becomes the next version."""
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from nugget_rag.state.store import NuggetStore
 
-from .index_segments import (
+from .segments import (
     DamagedIndexError,
     Pointer,
     SegmentCache,

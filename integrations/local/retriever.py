@@ -10,7 +10,7 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import Field, field_validator
 
-from .user_store import from_store
+from ..stores.user_store import from_store
 
 
 class NuggetRetriever(VectorStoreRetriever):

@@ -1,5 +1,5 @@
 """The settings an index was built with, as its manifest records them (embeddings, nugget floor, chunking), taken on
-by whatever opens it: a saved index (index.py's `NuggetIndex.load`) or one published in a store (published_index.py).
+by whatever opens it: a saved index (index.py's `NuggetIndex.load`) or one published in a store (published/index.py).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from langchain_core.embeddings import Embeddings
 
 from nugget_rag.components.compressor import NuggetCompressor
 
-from .embeddings import MINILM_NAME, embedding_name, minilm_embeddings
-from .vectorstores import store_embeddings
+from ..stores.embeddings import MINILM_NAME, embedding_name, minilm_embeddings
+from ..stores.spec import store_embeddings
 
 CHUNKING_DEFAULTS = (("chunk_tokens", 384), ("chunk_overlap", 32))  # what a manifest without them was built with
 

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
-from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nugget_rag.state.redaction import redacted
 
 from .embeddings import embedding_name
+from .engines import engine_of
 from .user_store import EngineUnavailable, answering, from_store, unreachable
 
 EMBEDDING_ARGUMENTS = ("embedding", "embeddings", "embedding_function")  # what LangChain's stores call them
@@ -118,27 +119,13 @@ def store_embeddings(vectorstore: VectorStore | None, embeddings: Embeddings | N
 
 
 def store_collection(vectorstore: VectorStore | None) -> str | None:
-    """The collection the store writes to, where it names one: `collection_name` (Qdrant, PGVector), or Chroma's,
-    which langchain-chroma keeps as `_collection_name` (tests/test_vector_databases.py holds that it is recorded)."""
-    for attribute in ("collection_name", "_collection_name"):
-        name = getattr(vectorstore, attribute, None)
-        if isinstance(name, str):
-            return name
-    return None
+    """The collection the store writes to, where it names one (its engine's `collection`)."""
+    return None if vectorstore is None else engine_of(vectorstore).collection(vectorstore)
 
 
 def store_dimension(vectorstore: VectorStore | None) -> int | None:
-    """The dimension of the vectors `vectorstore` holds or was made for, where it tells: a FAISS index's `d`, a
-    `embedding_length` or `dimension` setting, or an InMemoryVectorStore's first vector."""
-    if vectorstore is None:
-        return None
-    if isinstance(vectorstore, InMemoryVectorStore):
-        first = next(iter(vectorstore.store.values()), None)
-        return None if first is None else len(first["vector"])
-    found = getattr(getattr(vectorstore, "index", None), "d", None)
-    for name in ("embedding_length", "dimension"):
-        found = found if found is not None else getattr(vectorstore, name, None)
-    return found if isinstance(found, int) and not isinstance(found, bool) else None
+    """The dimension of the vectors `vectorstore` holds or was made for, where its engine tells."""
+    return None if vectorstore is None else engine_of(vectorstore).dimension(vectorstore)
 
 
 def check_dimension(vectorstore: VectorStore, vector: list[float], embedding_model: str) -> None:
@@ -151,7 +138,7 @@ def check_dimension(vectorstore: VectorStore, vector: list[float], embedding_mod
     if stored is not None and stored != dimension:
         raise ValueError(f"the vector store ({type(vectorstore).__name__}) holds vectors of dimension {stored}, but "
                          f"the embeddings ({embedding_model}) make vectors of dimension {dimension}; {fix}")
-    if stored is None and not isinstance(vectorstore, InMemoryVectorStore):
+    if stored is None and engine_of(vectorstore).checks_by_search:
         try:
             with answering(vectorstore, "search it before the first add"):
                 vectorstore.similarity_search_by_vector(vector, k=1)

@@ -1,5 +1,5 @@
 """An index of document chunks in a vector store (FAISS, or any LangChain vector store) whose nuggets live in the
-compressor's store beside it: ingest, delete, retrieval, and its save and load (the files: index_files.py)."""
+compressor's store beside it: ingest, delete, retrieval, and its save and load (the files: files.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,20 @@ from nugget_rag.cancellation import Stop, cancellable
 from nugget_rag.components.compressor import NuggetCompressor
 from nugget_rag.state.store import NuggetStore
 
-from . import ingest_pipeline, user_store
-from .chunking import split_documents, token_splitter
-from .embeddings import embedding_name, minilm_embeddings
-from .faiss_store import copy_faiss, empty_faiss, faiss_bytes, load_faiss
-from .index_files import (
+from ..ingest import pipeline as ingest_pipeline
+from ..ingest.chunking import split_documents, token_splitter
+from ..stores import user_store
+from ..stores.embeddings import embedding_name, minilm_embeddings
+from ..stores.spec import (
+    check_dimension,
+    check_holds,
+    check_vectorstore,
+    store_collection,
+    store_embeddings,
+    vectorstore_name,
+)
+from ..stores.user_store import CHUNK_IDS, UUID_IDS, check_flat, store_id
+from .files import (
     INDEX_FORMAT,
     MANIFEST_FILE,
     NUGGETS_DIR,
@@ -36,17 +45,9 @@ from .index_files import (
     store_name,
     write_index,
 )
-from .index_settings import built_settings
+from .own_faiss import copy_faiss, empty_faiss, faiss_bytes, load_faiss
 from .retriever import NuggetRetriever
-from .user_store import CHUNK_IDS, UUID_IDS, check_flat, store_id
-from .vectorstores import (
-    check_dimension,
-    check_holds,
-    check_vectorstore,
-    store_collection,
-    store_embeddings,
-    vectorstore_name,
-)
+from .settings import built_settings
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class NuggetIndex:
         docstore = encode_records(self.documents, self.ids, directory)  # before anything is written
         own_faiss = self.user_vectorstore is None and self.vectorstore is not None
         write_index(directory, self.manifest(), docstore, faiss_bytes(self.vectorstore) if own_faiss else None)
-        if nuggets.location is not None and nuggets.location.is_redis:  # a store other indexes share: what prune keeps (integrations/prune.py)
+        if nuggets.location is not None and nuggets.location.is_redis:  # a store other indexes share: what prune keeps
             nuggets.register_index(index_location(directory))
         return directory
 

@@ -3,7 +3,7 @@
 Nuggets are a content-addressed cache that chunks (and indexes) share, so `NuggetIndex.delete` leaves them. An
 index's own store (`DIR/nuggets`) is its alone; every index saved over a shared store (Redis) is registered in it
 (`NuggetStore.register_index`, "HOST:PATH"), as is every index published in the store itself
-("published-index/NAME", published_index.py: the chunks of each version it keeps). A prune keeps every state
+("published-index/NAME", index.py: the chunks of each version it keeps). A prune keeps every state
 of a chunk of the indexes given or registered, whatever model or floor made it, and removes the rest.
 
 It reads each index's saved chunks (its docstore, never its vectors), holding the lock of every index directory,
@@ -25,10 +25,10 @@ from pydantic import BaseModel
 
 from nugget_rag.state.store import NuggetStore
 
-from .index_files import LOCK_FILE, MANIFEST_FILE, index_location, read_manifest, read_records
-from .index_publishing import published_texts
-from .index_segments import PREFIX, read_pointer
-from .publish_lock import publish_lock
+from ..local.files import LOCK_FILE, MANIFEST_FILE, index_location, read_manifest, read_records
+from .lock import publish_lock
+from .publishing import published_texts
+from .segments import PREFIX, read_pointer
 
 
 class PruneReport(BaseModel):

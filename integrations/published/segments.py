@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from nugget_rag.state.files import write_atomic
 from nugget_rag.state.store import NuggetStore, StoreUnavailableError
 
-from .index_files import IndexFileError
+from ..local.files import IndexFileError
 
 log = logging.getLogger(__name__)
 

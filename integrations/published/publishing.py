@@ -1,4 +1,4 @@
-"""Publishing a version of an index in a nugget store (the layout: index_segments.py), one publisher at a time.
+"""Publishing a version of an index in a nugget store (the layout: segments.py), one publisher at a time.
 
 A publish appends: the chunks a version adds go into new segments, the earlier ones stay as they are, so that a
 large index is not rewritten at every ingest. When more than `max_small_segments` segments are small (under a
@@ -9,7 +9,7 @@ crashes before the pointer leaves the previous version current and whole.
 The pointer keeps the `keep_versions - 1` versions before the current one, so that a reader still loading one finds
 it whole; older versions, and the segments only they list, are removed once the pointer has moved on. Publishers take
 turns under a lock: Redis's (a key that expires, should its holder die), a file lock beside a directory store, or a
-lock of this process for any other ByteStore (publish_lock.py).
+lock of this process for any other ByteStore (lock.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from pydantic import BaseModel, Field, field_validator
 from nugget_rag.cancellation import check
 from nugget_rag.state.store import NuggetStore
 
-from .faiss_store import faiss_vectors
-from .index import NuggetIndex
-from .index_files import IndexFileError
-from .index_segments import (
+from ..local.files import IndexFileError
+from ..local.index import NuggetIndex
+from ..local.own_faiss import faiss_vectors
+from .lock import PublishLock
+from .segments import (
     Pointer,
     SegmentCache,
     SegmentRef,
@@ -50,8 +51,7 @@ from .index_segments import (
     sources_of,
     version_key,
 )
-from .index_verify import check_sizes, verify_listed
-from .publish_lock import PublishLock
+from .verify import check_sizes, verify_listed
 
 log = logging.getLogger(__name__)
 

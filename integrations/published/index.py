@@ -29,11 +29,15 @@ from nugget_rag.cancellation import Stop, cancellable
 from nugget_rag.components.compressor import NuggetCompressor
 from nugget_rag.state.store import NuggetStore, StoreLocation
 
-from .faiss_store import faiss_of, faiss_vectors
-from .index import NuggetIndex, Pipeline
-from .index_files import IndexFileError
-from .index_publishing import PublishOptions, merge_groups, publish_version
-from .index_segments import (
+from ..local.files import IndexFileError
+from ..local.index import NuggetIndex, Pipeline
+from ..local.own_faiss import faiss_of, faiss_vectors
+from ..local.retriever import NuggetRetriever
+from ..local.settings import built_settings
+from ..stores.spec import DEFAULT_VECTORSTORE
+from .lock import publish_lock
+from .publishing import PublishOptions, merge_groups, publish_version
+from .segments import (
     Pointer,
     Segment,
     SegmentCache,
@@ -46,10 +50,6 @@ from .index_segments import (
     read_record,
     read_version,
 )
-from .index_settings import built_settings
-from .publish_lock import publish_lock
-from .retriever import NuggetRetriever
-from .vectorstores import DEFAULT_VECTORSTORE
 
 log = logging.getLogger(__name__)
 
