@@ -126,7 +126,7 @@ class NuggetReadings:
 
     def run(self, name: str) -> dict[str, Any]:
         reading, ratio = NUGGET_SYSTEMS[name]
-        summarizer = NuggetSummarizer(compressor=self.compressor.model_copy(update={"ratio": ratio}), reading=reading,
+        summarizer = NuggetSummarizer(compressor=self.compressor, reading=reading, ratio=ratio,
                                       max_new_tokens=self.max_new_tokens)
         start = time.perf_counter()
         answer = summarizer.invoke(self.text)
