@@ -94,22 +94,20 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
         states = [f.state for f in found]
         compressed = time.perf_counter()
         meta: dict[str, Any] = {"reading": self.reading}
+        generated = 0  # tokens decoded: the section sentences', then each step's of a decode that follows
         if self.reading == "nuggets":
             steps, prompt_tokens = self._read_nuggets(states)
         else:
-            sentences, decoded = self._section_sentences(states)
+            sentences, generated = self._section_sentences(states)
             meta["section_summaries"] = sentences
-            if self.reading == "outline":
+            if self.reading == "outline":  # the summary is the sentences: no decode follows
                 steps, prompt_tokens = RowSteps(iter([(" ".join(s for s in sentences if s), "stop")])), 0
             else:
                 steps, prompt_tokens = self._combine(sentences)
-        generated = 0
         for piece in steps:
-            generated += 1
+            generated += self.reading != "outline"
             if piece:
                 yield AIMessageChunk(content=piece)
-        if self.reading != "nuggets":  # the outline's tokens were decoded section by section
-            generated = decoded + (generated if self.reading == "sections" else 0)
         n_tokens, n_nuggets = sum(s.n for s in states), sum(s.k for s in states)
         meta.update(n_document_tokens=n_tokens, n_sections=len(parts), n_nuggets=n_nuggets,
                     compression_ratio=n_tokens / n_nuggets, ratio=self.ratio or self.compressor.effective_ratio,
