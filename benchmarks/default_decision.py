@@ -7,7 +7,7 @@
 
 Each folder holds harness runs (NAME.json beside NAME-predictions.jsonl); runs of the same name are paired. Every
 measure is a (task, system, ratio, data file) of the runs, each item scored per item (QA: answer correct, 0 or 100; autoencoding:
-sentence BLEU), pooled over runs of the same measure (a question drawn by two seeds counts once) and compared on the
+sentence BLEU; long-document summaries: ROUGE-L F1), pooled over runs of the same measure (a question drawn by two seeds counts once) and compared on the
 items both folders scored: the paired difference candidate - baseline, mean ± standard error. Beyond noise is two
 standard errors. A run on a test part is refused: choosing a default is tuning, and tuning reads dev parts only.
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reporting import add_out_option, run_meta, write_report  # noqa: E402
 
-from nugget_rag.eval.metrics import answer_correct, paired_difference  # noqa: E402
+from nugget_rag.eval.metrics import answer_correct, paired_difference, rouge  # noqa: E402
 
 PRIMARY = ("squad", 10.0)  # the measure the candidate must win
 NOISE = 2.0  # standard errors
@@ -55,14 +55,18 @@ class Folder(NamedTuple):
 
 
 def item_score(record: dict) -> float:
-    """One prediction's score: autoencoding's sentence BLEU, else whether the answer is right (0 or 100)."""
+    """One prediction's score: autoencoding's sentence BLEU, a long document's summary's ROUGE-L (0..100), else
+    whether the answer is right (0 or 100)."""
     if record["task"] == "autoencoding":
         return sacrebleu.sentence_bleu(record["output"], [record["references"][0]]).score
+    if record["task"] == "long_documents":
+        return rouge([record["output"]], [record["references"][0]])["rougeL"]
     return 100.0 * answer_correct(record["output"], record["references"])
 
 
 def corpus_score(records: list[dict]) -> float:
-    """The measure's usual score over these items: corpus BLEU for autoencoding, else the share answered right."""
+    """The measure's usual score over these items: corpus BLEU for autoencoding, else the mean item score (the share
+    answered right; summaries' mean ROUGE-L)."""
     if records[0]["task"] == "autoencoding":
         return sacrebleu.corpus_bleu([r["output"] for r in records], [[r["references"][0] for r in records]]).score
     return sum(item_score(r) for r in records) / len(records)

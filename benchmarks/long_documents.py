@@ -21,11 +21,16 @@ Systems, each timed from the text to the summary with nothing cached:
   2,048 tokens), which reading every token once costs.
 A nugget system's time from its store (`second_s`) is its reading alone. Tokens read count every
 prompt token and nugget each call reads; tokens decoded every generated token.
+
+`--predictions DIR/NAME` also writes the digests' summaries as a harness run (NAME.json, NAME-predictions.jsonl; task
+`long_documents`, with the digest of the weights scored), which benchmarks/default_decision.py pairs and scores by
+ROUGE-L: the decision rule's summary measure (scripts/score_candidate.sh `summaries`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -41,12 +46,14 @@ from nugget_rag import NuggetCompressor, NuggetStore, NuggetStreamLLM  # noqa: E
 from nugget_rag.components.compressor import as_documents  # noqa: E402
 from nugget_rag.eval.long_documents import LongDocument, digests, reference_topics  # noqa: E402
 from nugget_rag.eval.metrics import rouge  # noqa: E402
+from nugget_rag.eval.resume import weights_sha256  # noqa: E402
 from nugget_rag.integrations.retrieval.summary_chain import SUMMARY_OF_DOCUMENT, NuggetSummarizer  # noqa: E402
 
 NUGGET_SYSTEMS = {f"{reading}_r{ratio}": (reading, ratio) for ratio in (10, 4)
                   for reading in ("outline", "sections", "nuggets")}  # name -> (reading, ratio)
 TEXT_SYSTEMS = ["map_reduce", "refine", "truncation", "full"]
 SYSTEMS = ["floor", *NUGGET_SYSTEMS, "autoregressive", *TEXT_SYSTEMS]
+TASK = "long_documents"  # the task name of --predictions' harness run
 FLOOR_PIECE = 2048
 CHUNK_TOKENS = 1500
 MAP_PROMPT = "Write a summary of the following text in two sentences:\n\n{text}"
@@ -201,6 +208,22 @@ def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_predictions(stem: Path, args: argparse.Namespace, documents: list[LongDocument],
+                      rows: list[dict[str, Any]]) -> None:
+    """The digests' summaries as a harness run (STEM.json, STEM-predictions.jsonl), for the decision rule."""
+    references = {d.id: d.reference for d in documents if d.reference is not None}
+    records = [{"task": TASK, "system": r["system"], "ratio": NUGGET_SYSTEMS.get(r["system"], (None, None))[1],
+                "id": r["document"], "output": r["summary"], "references": [references[r["document"]]]}
+               for r in rows if r["document"] in references and "summary" in r]
+    setup = {"source": str(args.data), "split": args.split, "examples": len(references),
+             "checkpoint": str(args.checkpoint), "weights_sha256": [weights_sha256(args.checkpoint), None],
+             "max_new_tokens": args.max_new_tokens}
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_name(stem.name + ".json").write_text(json.dumps(
+        {"tasks": {TASK: {"split": args.split, "source": str(args.data), "setup": setup}}}, indent=1) + "\n")
+    stem.with_name(stem.name + "-predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", choices=["dev", "test"], required=True, help="which CNN/DM articles the digests use")
@@ -213,6 +236,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 where other work shares the CPU)")
     parser.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md")
+    parser.add_argument("--predictions", type=Path, help="also DIR/NAME.json and DIR/NAME-predictions.jsonl: the "
+                                                          "digests' summaries as a harness run (the decision rule's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -253,6 +278,8 @@ def main() -> int:
                   flush=True)
             rows.append(row)
         write_report(args.out, {"meta": meta, "rows": rows}, table(rows, args.systems))  # after each document
+    if args.predictions:
+        write_predictions(args.predictions, args, documents, rows)
     return 0
 
 

@@ -6,7 +6,7 @@
 #   bash scripts/score_candidate.sh CHECKPOINT OUT_DIR [MEASURE ...]
 #
 # CHECKPOINT: a nugget checkpoint directory, or "default" (the shipped one). MEASURE: any of squad-s0 squad-s1
-# squad-s2 squad_rag ae-corpus ae-pydocs (default: all). A run already in OUT_DIR is resumed, not redone (--resume),
+# squad-s2 squad_rag ae-corpus ae-pydocs summaries (default: all). A run already in OUT_DIR is resumed, not redone (--resume),
 # so the script can be stopped and started again. Dev parts only: the decision never reads a test part.
 # Environment: THREADS (default 2), CORPUS (default ../corpus: scripts/build_corpus.py's output, for ae-corpus),
 # DATA (default ../shared/data).
@@ -16,7 +16,7 @@ checkpoint=${1:?usage: score_candidate.sh CHECKPOINT OUT_DIR [MEASURE ...]}
 out=${2:?usage: score_candidate.sh CHECKPOINT OUT_DIR [MEASURE ...]}
 shift 2
 measures=("$@")
-[ ${#measures[@]} -gt 0 ] || measures=(squad-s0 squad-s1 squad-s2 squad_rag ae-corpus ae-pydocs)
+[ ${#measures[@]} -gt 0 ] || measures=(squad-s0 squad-s1 squad-s2 squad_rag ae-corpus ae-pydocs summaries)
 corpus=${CORPUS:-../corpus}
 data=${DATA:-../shared/data}
 nugget_rag=${NUGGET_RAG:-.venv/bin/nugget-rag}
@@ -40,6 +40,13 @@ for measure in "${measures[@]}"; do
       # file) holds 22 passages of 100 tokens, each scored (--limit 30 takes them all)
       "$nugget_rag" eval --tasks autoencoding --systems nugget --ratios 1 2 10 --limit 30 --sample random \
         --task-limit autoencoding=30 --ae-lengths 100 --batch-size 15 --name "$measure" "${common[@]}" ;;
-    *) echo "unknown measure $measure: use squad-s0 squad-s1 squad-s2 squad_rag ae-corpus ae-pydocs" >&2; exit 2 ;;
+    summaries)  # 8 dev digests of 12 CNN/DM dev articles each (9-10k tokens, past the window), summarised in the
+      # shipped reading (the outline at r = 4) and scored by ROUGE-L against their highlights; not resumed (8-15 min)
+      [ -f "$out/summaries-predictions.jsonl" ] && { echo "[score] summaries: already in $out"; continue; }
+      "${PYTHON:-.venv/bin/python}" benchmarks/long_documents.py --split dev --digests 8 --topics --systems outline_r4 \
+        --checkpoint "$checkpoint" --threads "${THREADS:-2}" --data "$data/cnndm-test-250.jsonl" \
+        --out "$out/summaries-report" --predictions "$out/summaries" ;;
+    *) echo "unknown measure $measure: use squad-s0 squad-s1 squad-s2 squad_rag ae-corpus ae-pydocs summaries" >&2
+       exit 2 ;;
   esac
 done

@@ -337,6 +337,39 @@ def test_default_decision_never_pools_runs_of_different_weights(tmp_path):
         decision.read_folder(tmp_path / "old")
 
 
+def test_default_decision_scores_the_long_document_summaries_by_rouge_l_paired(tmp_path):
+    """benchmarks/long_documents.py --predictions writes the digests' summaries as a harness run with the digest of
+    the weights scored; the decision pairs them by digest, scores ROUGE-L, and a loss there stops the candidate."""
+    long_documents = load_script("long_documents")
+    decision = load_script("default_decision")
+    from nugget_rag.eval.long_documents import LongDocument
+
+    reference = "Storms hit Texas on Monday.\nA new law passed in Ohio."
+    digests = [LongDocument(id=f"dev-digest-{i}", text="...", reference=reference) for i in range(12)]
+    topic = LongDocument(id="topic-compound", text="...", reference=None, terms={"if": "if"})
+    for name, good in (("base", 12), ("cand", 0)):  # the candidate's summaries miss the reference
+        checkpoint = tmp_path / f"{name}-weights"
+        checkpoint.mkdir()
+        (checkpoint / "nugget.safetensors").write_bytes(name.encode())
+        args = argparse.Namespace(data=Path("data/cnndm-test-250.jsonl"), split="dev", checkpoint=str(checkpoint),
+                                  max_new_tokens=160)
+        rows = [{"document": d.id, "system": "outline_r4", "summary": reference if i < good else "Nothing at all."}
+                for i, d in enumerate(digests)] + [{"document": topic.id, "system": "outline_r4", "summary": "if"}]
+        long_documents.write_predictions(tmp_path / name / "summaries", args, [*digests, topic], rows)
+    for name in ("base", "cand"):  # every run of the rule beside it, equal on SQuAD but for a win at r = 10
+        right = 10 if name == "base" else 30
+        _harness_run(tmp_path / name, "squad-s0", "squad", "dev",
+                     [(f"q{i}", 10, "Paris" if i < right else "Rome") for i in range(40)],
+                     weights=decision.read_folder(tmp_path / name).weights_sha256)
+    result = decision.decide(decision.read_folder(tmp_path / "base"), decision.read_folder(tmp_path / "cand"))
+    rows = {row["measure"]: row for row in result["rows"]}
+    summaries = rows["long_documents r = 4 (outline_r4, cnndm-test-250.jsonl)"]
+    assert summaries["items"] == 12 and summaries["baseline"] == pytest.approx(100.0)
+    assert summaries["candidate"] == pytest.approx(0.0) and summaries["verdict"] == "loses"
+    assert rows["squad r = 10 (nugget, squad.json)"]["verdict"] == "wins" and not result["ships"]
+    assert result["weights_sha256"]["baseline"] == decision.read_folder(tmp_path / "base").weights_sha256
+
+
 def test_ship_default_refuses_float32_another_layout_and_a_decision_that_does_not_ship(tmp_path):
     import torch
     from tiny import tiny_nugget_model
