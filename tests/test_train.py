@@ -824,6 +824,20 @@ def test_a_chain_appends_to_the_lineage_and_counts_on(data, tmp_path):
     assert record["examples"] is None and record["lineage"][1]["examples"] == 4
 
 
+def test_export_every_writes_a_candidate_at_each_multiple_of_the_chains_updates(data, tmp_path):
+    """export_every counts the chain's updates: a run continuing a 3-update export to 8 exports at 4 and 6 (each
+    with its own lineage) and its final at 8, and the candidates load as checkpoints."""
+    sources = [source("autoencoding", data)]
+    first = train(config(tmp_path / "a", sources, max_steps=3), tiny_model())
+    second = train(config(tmp_path / "b", sources, max_steps=8, init_from=str(first.final_dir), chain=True,
+                          export_every=2), tiny_model())
+    assert sorted(p.name for p in second.output_dir.glob("export-*")) == ["export-4", "export-6"]
+    assert [s["updates"] for s in training_record(second.output_dir / "export-4")["lineage"]] == [3, 1]
+    assert training_record(second.output_dir / "export-6")["updates"] == 6
+    assert training_record(second.final_dir)["updates"] == 8
+    NuggetModel.from_pretrained(second.output_dir / "export-6", base_model=tiny_base())
+
+
 def test_a_chain_continues_the_learning_rate_schedule(data, tmp_path):
     """With chain, a run from an export goes on along the schedule of the whole chain: no second warm-up."""
     sources, optim = [source("autoencoding", data)], {"warmup_steps": 2, "lr": 1e-3}

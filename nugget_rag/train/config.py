@@ -149,6 +149,9 @@ class TrainConfig(BaseModel):
     eval_generate: int = Field(0, ge=0, description="Dev examples per source also generated and scored "
                                                     "(autoencoding BLEU, QA accuracy, summarisation ROUGE-L).")
     save_every: int = Field(100, ge=1, description="Steps between checkpoints.")
+    export_every: int = Field(0, ge=0, description="Also export a candidate at every multiple of this many updates of "
+                                                   "the chain (output_dir/export-UPDATE, as the final export is "
+                                                   "written; 0: only the final one).")
     keep_last: int = Field(3, ge=1, description="Checkpoints kept.")
     log_every: int = Field(10, ge=1, description="Steps between metric lines.")
     seed: int = 0
@@ -244,7 +247,7 @@ class TrainConfig(BaseModel):
         return self.model_dump(
             mode="json",
             exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
-                     "save_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
+                     "save_every", "export_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
                      "compile", "compile_backend", "compile_mode", "attention", "packing", "ready_dir",
                      "gradient_checkpointing"},
         )

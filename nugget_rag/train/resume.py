@@ -137,9 +137,9 @@ def training_record(config: TrainConfig, step: int, names: list[str], earlier: l
             **lineage.record([*earlier, run])}
 
 
-def export(out: Path, model: NuggetModel, dtype: str, record: dict) -> Path:
-    """Save the trained parts in `dtype` with their training record as `out`/final, replacing an older export."""
-    final, staging = out / FINAL_DIR, out / f".tmp-{FINAL_DIR}"
+def export(out: Path, model: NuggetModel, dtype: str, record: dict, name: str = FINAL_DIR) -> Path:
+    """Save the trained parts in `dtype` with their training record as `out`/`name`, replacing an older export."""
+    final, staging = out / name, out / f".tmp-{name}"
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, dtype=getattr(torch, dtype), training=record)
     checkpoint.publish(staging, final)

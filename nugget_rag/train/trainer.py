@@ -179,6 +179,8 @@ class Trainer:
                 self.evaluate()
             if self.step % cfg.save_every == 0 or timed_out or self.step == self.updates:
                 self._save()
+            if cfg.export_every and (self.offset + self.step) % cfg.export_every == 0 and self.step < self.updates:
+                self._export(f"export-{self.offset + self.step}")
             if timed_out:
                 stopped_by_time = True
                 log.info("max_time reached at step %d", self.step)
@@ -186,9 +188,8 @@ class Trainer:
         bar.close()
         if not stopped_by_time and (not cfg.eval_every or self.step % cfg.eval_every):
             self.evaluate()
-        final, tokens = self.out / FINAL_DIR, self._read_tokens()
+        final = self._export(FINAL_DIR)
         if acc.is_main_process:
-            export(self.out, self.model, cfg.export_dtype, self.training_record(tokens))
             self.plot()
         acc.end_training()
         return TrainResult(self.step, self.out, final, losses)
@@ -274,6 +275,13 @@ class Trainer:
         if self.accelerator.is_main_process:
             save(self.config, self.out, self.step, self.model, self.optimizer, self.scheduler, self.mixture,
                  self.accelerator, tokens, self.earlier)
+
+    def _export(self, name: str) -> Path:
+        """The trained parts as they are now, with their training record, as output_dir/`name`."""
+        tokens = self._read_tokens()
+        if self.accelerator.is_main_process:
+            export(self.out, self.model, self.config.export_dtype, self.training_record(tokens), name)
+        return self.out / name
 
     def training_record(self, tokens: int | None) -> dict:
         """How the exported parts were trained (resume.training_record)."""
