@@ -99,7 +99,7 @@ def test_teacher_answers_keep_correct_ones_cut_at_a_sentence(monkeypatch, make_m
     first = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(asked) == 3 and {r["id"] for r in first} == {i for i in asked if int(i) % 2}
     assert all(r["answers"] == ["They are cats.", "cats"] for r in first)  # target, then the gold references
-    rejected = [json.loads(line) for line in teacher._rejected(out).read_text().splitlines()]
+    rejected = [json.loads(line) for line in teacher.rejected_path(out).read_text().splitlines()]
     assert {r["id"] for r in rejected} == {i for i in asked if not int(i) % 2}
     assert all(r["reason"] == "no gold answer" for r in rejected)
     with out.open("a") as f:  # a run killed mid-line
