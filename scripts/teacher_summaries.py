@@ -6,13 +6,15 @@ sections the summary chain reads.
 
 The summary chain (integrations/retrieval/summary_chain.py, NuggetSummarizer) cuts a text into sections of at most
 512 tokens (`cut_sections`); its default reading, "outline", has the decoder write a sentence a section from the
-section's nuggets: SUMMARY_PROMPT, greedy, at most `section_max_new_tokens` (32) new tokens, stopping at a line
-break, the first sentence kept (`first_sentence`). This writes the targets of that reading: Full's (the eval
-harness's reference: the section as text in the prompt, adapters off) output with the same prompt, greedy, at most
-the same 32 new tokens, stopping at a line break; its first sentence is the target. An output is rejected when it is
-empty, when its first sentence does not end within the limit, when that sentence is a fragment of fewer than
-MIN_WORDS words (a cut at "U.S."), or when it repeats a word 3-gram (degenerate; the chain decodes with
-no_repeat_ngram_size 3, so it could never write it).
+section's nuggets: SUMMARY_PROMPT, greedy, at most `section_max_new_tokens` (32) new tokens and then up to
+FINISH_SENTENCE (32) more to end the sentence the limit cut, stopping at a line break, the first sentence kept
+(`first_sentence`). This writes the targets of that reading: Full's (the eval harness's reference: the section as
+text in the prompt, adapters off) output with the same prompt and the same budget, greedy, stopping at a line break;
+its first sentence is the target. (The finishing tokens matter: at a hard 32 the base model's first sentence was
+cut in the dry run's sections.) An output is rejected when it is empty, when its first sentence does not end within
+the budget, when that sentence is a fragment of fewer than MIN_WORDS words (a cut at "U.S."), or when it loops
+(`degenerate`). A word 3-gram said twice is kept ("has become a ... has become a"): the chain's decode bars it
+(no_repeat_ngram_size 3) and writes another word there, but the rest of the sentence still teaches the reading.
 
 Sections come from CNN/DailyMail's train articles (`--cnndm`: the train part of splits.json only; every section of
 each article, `--n-cnndm` articles of a seeded draw, default all) and from corpus documents (`--corpus`, JSONL with a
@@ -43,7 +45,12 @@ from transformers import PreTrainedTokenizerBase
 from nugget_rag import corpora
 from nugget_rag.generation import GenerationSettings
 from nugget_rag.generation.text import ends_sentence, first_repeat, words
-from nugget_rag.integrations.retrieval.summary_chain import NuggetSummarizer, cut_sections, first_sentence
+from nugget_rag.integrations.retrieval.summary_chain import (
+    FINISH_SENTENCE,
+    NuggetSummarizer,
+    cut_sections,
+    first_sentence,
+)
 from nugget_rag.model import NuggetModel
 from nugget_rag.prompts import SUMMARY_PROMPT
 from nugget_rag.train.teacher_data import done_ids, full_context_outputs, rejected_path
@@ -52,8 +59,8 @@ log = logging.getLogger("teacher_summaries")
 _CHAIN = NuggetSummarizer.model_fields  # the summary chain's defaults: what the targets are read with
 SECTION_TOKENS = _CHAIN["section_tokens"].default
 MAX_NEW_TOKENS = _CHAIN["section_max_new_tokens"].default
-REPEAT_NGRAM = _CHAIN["no_repeat_ngram_size"].default
 MIN_WORDS = 4
+LOOP_WORDS = 6  # a run of this many words said twice is a loop
 SPLIT = "train"  # the only part read: CNN/DM's dev and test articles score the summaries
 
 
@@ -67,9 +74,15 @@ def kept_summary(text: str) -> tuple[str | None, str]:
     tokens = words(sentence)
     if len(tokens) < MIN_WORDS:
         return None, "fragment"
-    if first_repeat(tokens, REPEAT_NGRAM) is not None:
+    if degenerate(tokens):
         return None, "repetition"
     return sentence, ""
+
+
+def degenerate(tokens: Sequence[str]) -> bool:
+    """Whether words loop: a run of LOOP_WORDS words said twice, or a 3-gram said three times."""
+    grams = Counter(zip(tokens, tokens[1:], tokens[2:]))
+    return first_repeat(tokens, LOOP_WORDS) is not None or any(n >= 3 for n in grams.values())
 
 
 def sections(tokenizer: PreTrainedTokenizerBase, text: str, section_tokens: int = SECTION_TOKENS) -> list[str]:
@@ -114,10 +127,11 @@ def section_record(source: str, index: int, section: int, text: str) -> dict:
 
 def teacher_summaries(model: NuggetModel, records: Sequence[dict], batch_size: int,
                       max_new_tokens: int = MAX_NEW_TOKENS) -> Iterator[tuple[dict, str]]:
-    """(record, Full's output for the section: greedy, stopped at a line break) for every record, batched by
-    prompt length."""
+    """(record, Full's output for the section: greedy, `max_new_tokens` and then up to FINISH_SENTENCE more to end
+    the sentence they cut, as the summary chain decodes a section, stopped at a line break) for every record,
+    batched by prompt length."""
     readings = [([r["document"]], SUMMARY_PROMPT) for r in records]
-    settings = GenerationSettings(max_new_tokens=max_new_tokens, stop=["\n"])
+    settings = GenerationSettings(max_new_tokens=max_new_tokens, finish_sentence=FINISH_SENTENCE, stop=["\n"])
     for i, text, _ in full_context_outputs(model, readings, settings, batch_size, desc="teacher summaries"):
         yield records[i], text
 

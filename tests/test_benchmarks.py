@@ -129,8 +129,11 @@ def test_teacher_summaries_keep_one_whole_sentence():
     assert teacher.kept_summary("The cat sat on the mat and then") == (None, "no sentence end")  # the limit cut it
     assert teacher.kept_summary("The U.S. army said it would go.") == (None, "fragment")  # cut at "U.S."
     assert teacher.kept_summary("The cat sat, the cat sat, the cat sat.") == (None, "repetition")
+    assert teacher.kept_summary("He won the cup in May, and he won the cup in May again.") == (None, "repetition")
+    kept = "A fan has become a star, and her son has become a fan of hers."  # a 3-gram twice: not a loop
+    assert teacher.kept_summary(kept) == (kept, "")
     # the summary chain's own budget and repeat setting
-    assert (teacher.MAX_NEW_TOKENS, teacher.SECTION_TOKENS, teacher.REPEAT_NGRAM) == (32, 512, 3)
+    assert (teacher.MAX_NEW_TOKENS, teacher.FINISH_SENTENCE, teacher.SECTION_TOKENS) == (32, 32, 512)
 
 
 def test_teacher_summaries_read_the_chains_sections_of_train_articles(compressor, tiny_model, tmp_path):
