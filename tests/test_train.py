@@ -55,6 +55,7 @@ SOURCES = {
     "continuation": {"objective": "continuation", "path": "docs.jsonl", "documents_per_example": 2},
     "qa": {"objective": "qa", "path": "squad.json", "documents_per_example": 3},
     "summarization": {"objective": "summarization", "path": "summ.jsonl"},
+    "summary_digest": {"objective": "summarization", "path": "summ.jsonl", "documents_per_example": 3},
     "language_modeling": {"objective": "language_modeling", "path": "docs.jsonl"},
     "full_context": {"objective": "qa", "path": "squad.json", "full_context": True},
     "rag_qa": {"objective": "rag_qa", "path": "rag.json", "split": None, "dev_split": None,
