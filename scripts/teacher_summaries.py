@@ -11,7 +11,7 @@ FINISH_SENTENCE (32) more to end the sentence the limit cut, stopping at a line 
 (`first_sentence`). This writes the targets of that reading: Full's (the eval harness's reference: the section as
 text in the prompt, adapters off) output with the same prompt and the same budget, greedy, stopping at a line break;
 its first sentence is the target. (The finishing tokens matter: at a hard 32 the base model's first sentence was
-cut in the dry run's sections.) An output is rejected when it is empty, when its first sentence does not end within
+cut in both sections of a first dry run.) An output is rejected when it is empty, when its first sentence does not end within
 the budget, when that sentence is a fragment of fewer than MIN_WORDS words (a cut at "U.S."), or when it loops
 (`degenerate`). A word 3-gram said twice is kept ("has become a ... has become a"): the chain's decode bars it
 (no_repeat_ngram_size 3) and writes another word there, but the rest of the sentence still teaches the reading.
