@@ -47,7 +47,8 @@ from nugget_rag.components.compressor import as_documents  # noqa: E402
 from nugget_rag.eval.long_documents import LongDocument, digests, reference_topics  # noqa: E402
 from nugget_rag.eval.metrics import rouge  # noqa: E402
 from nugget_rag.eval.resume import weights_sha256  # noqa: E402
-from nugget_rag.integrations.retrieval.summary_chain import SUMMARY_OF_DOCUMENT, NuggetSummarizer  # noqa: E402
+from nugget_rag.integrations.retrieval.summary_chain import NuggetSummarizer  # noqa: E402
+from nugget_rag.prompts import SUMMARY_OF_DOCUMENT  # noqa: E402
 
 NUGGET_SYSTEMS = {f"{reading}_r{ratio}": (reading, ratio) for ratio in (10, 4)
                   for reading in ("outline", "sections", "nuggets")}  # name -> (reading, ratio)

@@ -31,7 +31,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from nugget_rag import NuggetStreamLLM
 from nugget_rag.cli.options import add_checkpoint_option
 from nugget_rag.integrations import NuggetSummarizer, build_summary_chain, load_compressor
-from nugget_rag.integrations.retrieval.summary_chain import SUMMARY_OF_DOCUMENT
+from nugget_rag.prompts import SUMMARY_OF_DOCUMENT
 
 DEFAULT_TOPIC = "compound"  # "Compound statements": 12,346 tokens on Python 3.11, past the model's 8,192
 

@@ -13,6 +13,8 @@ log = logging.getLogger(__name__)
 
 QA_PROMPT = "Based on the provided document, answer the following question: {question}"
 SUMMARY_PROMPT = "Please summarize the above document in one sentence."
+# a long document's summary (the summary chain's "nuggets" reading, a digest's training target)
+SUMMARY_OF_DOCUMENT = "Please summarize the above document in a few sentences."
 LMSUMM_PROMPT = "Please summarize the following text into {words} words: {text}"
 
 

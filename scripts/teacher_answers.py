@@ -28,13 +28,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from nugget_rag import corpora
 from nugget_rag.eval.metrics import answer_correct
-from nugget_rag.generation import GenerationSettings, generate
+from nugget_rag.generation import GenerationSettings
 from nugget_rag.model import NuggetModel
-from nugget_rag.prompts import QA_PROMPT, chat_token_ids, full_context_messages, render_instruction
+from nugget_rag.prompts import QA_PROMPT, render_instruction
+from nugget_rag.train.teacher_data import done_ids, full_context_outputs, rejected_path
 
 log = logging.getLogger("teacher_answers")
 # a sentence's end: . ! ? (and a closing quote or bracket) after a lower-case letter or a closing mark, so that
@@ -57,17 +57,10 @@ def kept_answer(answer: str, gold: Sequence[str], truncated: bool) -> str | None
 def teacher_answers(model: NuggetModel, records: Sequence[dict], batch_size: int,
                     max_new_tokens: int) -> Iterator[tuple[dict, str, bool]]:
     """(record, Full's answer, whether the token limit cut it off) for every record, batched by prompt length."""
-    tok = model.tokenizer
-    prompts = [chat_token_ids(tok, full_context_messages([r["context"]], render_instruction(QA_PROMPT, r["question"])))
-               for r in records]
-    order = sorted(range(len(records)), key=lambda i: len(prompts[i]))
+    readings = [([r["context"]], render_instruction(QA_PROMPT, r["question"])) for r in records]
     settings = GenerationSettings(max_new_tokens=max_new_tokens)
-    for start in tqdm(range(0, len(order), batch_size), desc="teacher answers"):
-        chunk = order[start : start + batch_size]
-        texts = generate(model, [[] for _ in chunk], [prompts[i] for i in chunk], settings, adapter=None)
-        for i, text in zip(chunk, texts):
-            # re-tokenising may merge a token or two, hence the margin
-            yield records[i], text, len(tok(text, add_special_tokens=False)["input_ids"]) >= max_new_tokens - 2
+    for i, text, truncated in full_context_outputs(model, readings, settings, batch_size, desc="teacher answers"):
+        yield records[i], text, truncated
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -92,12 +85,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not 0 <= args.skip < (args.n or len(records)):
         p.error(f"--skip {args.skip} leaves no question of the {args.n or len(records)} drawn; use 0 <= SKIP < N")
     records = records[args.skip : args.n]
-    asked = _ids(args.out) | _ids(_rejected(args.out))
+    asked = done_ids(args.out)
     todo = [r for r in records if r["id"] not in asked]
     model = NuggetModel.from_pretrained(None, base_model=args.base_model).eval()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     counts: Counter[str] = Counter()
-    with args.out.open("a", buffering=1) as out, _rejected(args.out).open("a", buffering=1) as rejected:
+    with args.out.open("a", buffering=1) as out, rejected_path(args.out).open("a", buffering=1) as rejected:
         for record, text, truncated in teacher_answers(model, todo, args.batch_size, args.max_new_tokens):
             answer = kept_answer(text, record["answers"], truncated)
             if answer is None:
@@ -110,22 +103,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             out.write(json.dumps({"id": record["id"], "context": record["context"], "question": record["question"],
                                   "answers": [answer, *record["answers"]]}) + "\n")
     log.info("%d new questions: %s; %d were answered before", len(todo), dict(counts), len(asked))
-
-
-def _ids(path: Path) -> set[str]:
-    """Question ids already in a JSONL file, after dropping a last line left half-written by a killed run."""
-    if not path.is_file():
-        return set()
-    text = path.read_text()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-        path.write_text(text)
-    return {json.loads(line)["id"] for line in text.splitlines() if line.strip()}
-
-
-def _rejected(out: Path) -> Path:
-    """Questions whose answer was not kept (JSONL: id, reason, answer), so that a re-run does not ask them again."""
-    return out.with_suffix(".rejected.jsonl")
 
 
 if __name__ == "__main__":

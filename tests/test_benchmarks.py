@@ -99,7 +99,7 @@ def test_teacher_answers_keep_correct_ones_cut_at_a_sentence(monkeypatch, make_m
     first = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(asked) == 3 and {r["id"] for r in first} == {i for i in asked if int(i) % 2}
     assert all(r["answers"] == ["They are cats.", "cats"] for r in first)  # target, then the gold references
-    rejected = [json.loads(line) for line in teacher._rejected(out).read_text().splitlines()]
+    rejected = [json.loads(line) for line in teacher.rejected_path(out).read_text().splitlines()]
     assert {r["id"] for r in rejected} == {i for i in asked if not int(i) % 2}
     assert all(r["reason"] == "no gold answer" for r in rejected)
     with out.open("a") as f:  # a run killed mid-line
@@ -119,6 +119,106 @@ def test_teacher_answers_keep_correct_ones_cut_at_a_sentence(monkeypatch, make_m
     assert grown.read_text() == head.read_text() + tail.read_text()
     with pytest.raises(SystemExit):  # a skip past the draw asks nothing
         teacher.main(["--squad", str(squad), "--split", "train", "--n", "2", "--skip", "2", "--out", str(tail)])
+
+
+def test_teacher_summaries_keep_one_whole_sentence():
+    teacher = load_script("teacher_summaries", SCRIPTS)
+    assert teacher.kept_summary(" The cat sat on the mat. It was red.") == ("The cat sat on the mat.", "")
+    assert teacher.kept_summary('He said "it is over for now."') == ('He said "it is over for now."', "")
+    assert teacher.kept_summary("   ") == (None, "empty")
+    assert teacher.kept_summary("The cat sat on the mat and then") == (None, "no sentence end")  # the limit cut it
+    assert teacher.kept_summary("The U.S. army said it would go.") == (None, "fragment")  # cut at "U.S."
+    assert teacher.kept_summary("The cat sat, the cat sat, the cat sat.") == (None, "repetition")
+    assert teacher.kept_summary("He won the cup in May, and he won the cup in May again.") == (None, "repetition")
+    kept = "A fan has become a star, and her son has become a fan of hers."  # a 3-gram twice: not a loop
+    assert teacher.kept_summary(kept) == (kept, "")
+    # the summary chain's own budget and repeat setting
+    assert (teacher.MAX_NEW_TOKENS, teacher.FINISH_SENTENCE, teacher.SECTION_TOKENS) == (32, 32, 512)
+
+
+def test_teacher_summaries_read_the_chains_sections_of_train_articles(compressor, tiny_model, tmp_path):
+    from langchain_core.documents import Document
+
+    from nugget_rag.integrations import NuggetSummarizer
+
+    teacher = load_script("teacher_summaries", SCRIPTS)
+    tok = tiny_model.tokenizer
+    text = "\n\n".join(f"Paragraph {i}: the cat sat on the mat while dogs ran far away." for i in range(8))
+    cut = teacher.sections(tok, text, 120)
+    chain = NuggetSummarizer(compressor=compressor, section_tokens=120).sections([Document(page_content=text)])
+    assert cut == [s.page_content for s in chain] and len(cut) > 2
+    assert all(len(tok(s)["input_ids"]) <= 120 for s in cut)
+
+    # CNN/DM: the train part only, every section of each article
+    cnndm = tmp_path / "cnn.jsonl"
+    cnndm.write_text("".join(json.dumps({"article": f"{part} article {i}. " + text, "highlights": "h"}) + "\n"
+                             for i, part in enumerate(["train", "train", "train", "dev", "test"])))
+    (tmp_path / "splits.json").write_text(json.dumps({"cnn.jsonl": {"unit": "line index", "train": [0, 3],
+                                                                     "dev": [3, 4], "test": [4, 5]}}))
+    records = teacher.cnndm_sections(tok, cnndm, None, 0, section_tokens=120)
+    assert {r["id"].rsplit(":", 1)[0] for r in records} == {"cnndm:0", "cnndm:1", "cnndm:2"}
+    assert len(records) == 3 * len(teacher.sections(tok, "train article 0. " + text, 120))
+    assert not any("dev" in r["document"] or "test" in r["document"] for r in records)
+    assert len({r["id"].rsplit(":", 1)[0] for r in teacher.cnndm_sections(tok, cnndm, 2, 0, section_tokens=120)}) == 2
+    with pytest.raises(ValueError, match="train part only"):
+        teacher.cnndm_sections(tok, cnndm, None, 0, split="dev")
+
+    # the corpus: one section of each document drawn; a larger draw keeps the smaller one's sections
+    corpus = tmp_path / "corpus" / "shard.jsonl"
+    corpus.parent.mkdir()
+    corpus.write_text("".join(json.dumps({"text": f"Document {i}. " + text}) + "\n" for i in range(6)))
+    two, four = (teacher.corpus_sections(tok, corpus, n, 0, section_tokens=120) for n in (2, 4))
+    assert len(two) == 2 and four[:2] == two and len({r["id"].split(":")[1] for r in four}) == 4
+    assert all(r["source"] == "corpus" and r["document"] in teacher.sections(
+        tok, f"Document {r['id'].split(':')[1]}. " + text, 120) for r in four)
+
+    # Full reads each section: greedy, a line break stops it
+    answered = list(teacher.teacher_summaries(tiny_model, records[:3], batch_size=2, max_new_tokens=3))
+    assert sorted(r["id"] for r, _ in answered) == sorted(r["id"] for r in records[:3])
+    assert all(isinstance(t, str) and "\n" not in t for _, t in answered)
+
+
+def test_teacher_summaries_write_a_summarization_source(monkeypatch, tiny_model, tmp_path):
+    """main(): kept and rejected sections, a re-run reads only new ones, and the file trains as `summarization`
+    (document/summary fields), every 20th line held out as dev."""
+    from nugget_rag.train.data import ExampleBuilder, build_examples
+    from nugget_rag.train.records import load_records
+    from nugget_rag.train.sources import Lengths, Source
+
+    teacher = load_script("teacher_summaries", SCRIPTS)
+    cnndm = tmp_path / "data" / "cnn.jsonl"
+    cnndm.parent.mkdir()
+    cnndm.write_text("".join(json.dumps({"article": f"Article {i} is about cats and dogs.", "highlights": "h"}) + "\n"
+                             for i in range(50)))
+    asked = []
+
+    def fake(model, todo, batch_size, max_new_tokens):
+        asked.extend(r["id"] for r in todo)
+        return ((r, f"It is about {r['id']} and its cats. More." if int(r["id"].split(":")[1]) % 5 else "Cats")
+                for r in todo)
+
+    monkeypatch.setattr(teacher, "teacher_summaries", fake)
+    monkeypatch.setattr(teacher.NuggetModel, "from_pretrained", lambda *a, **k: tiny_model)
+    out = tmp_path / "summ" / "teacher-summaries.jsonl"
+    teacher.main(["--cnndm", str(cnndm), "--n-cnndm", "10", "--out", str(out)])
+    teacher.main(["--cnndm", str(cnndm), "--out", str(out)])
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    rejected = [json.loads(line) for line in teacher.rejected_path(out).read_text().splitlines()]
+    assert len(asked) == len(set(asked)) == 48  # the train part (no splits.json: every 20th line is dev), once each
+    assert {r["reason"] for r in rejected} == {"no sentence end"} and len(kept) + len(rejected) == 48
+    assert all(r["summary"] == f"It is about {r['id']} and its cats." and r["source"] == "cnndm" for r in kept)
+    assert set(kept[0]) == {"id", "source", "document", "summary"}
+
+    source = Source(objective="summarization", path=str(out), document_field="document", summary_field="summary",
+                    documents_per_example=3)
+    assert len(load_records(source, "train")) + len(load_records(source, "dev")) == len(kept)
+    assert len(load_records(source, "dev")) == len(kept) // 20 > 0
+    builder = ExampleBuilder(source, tiny_model.tokenizer, Lengths(document=64, answer=64), tiny_model.max_positions,
+                             4, 0, in_user_turn=True)
+    examples, skipped = build_examples(source, "train", builder, None)
+    assert not skipped and {len(d) for d in examples["documents"]} == {3}
+    with pytest.raises(SystemExit):
+        teacher.main(["--out", str(out)])  # nothing to read
 
 
 def test_offline_bundle_parts_join_back_byte_for_byte(tmp_path):

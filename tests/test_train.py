@@ -55,6 +55,7 @@ SOURCES = {
     "continuation": {"objective": "continuation", "path": "docs.jsonl", "documents_per_example": 2},
     "qa": {"objective": "qa", "path": "squad.json", "documents_per_example": 3},
     "summarization": {"objective": "summarization", "path": "summ.jsonl"},
+    "summary_digest": {"objective": "summarization", "path": "summ.jsonl", "documents_per_example": 3},
     "language_modeling": {"objective": "language_modeling", "path": "docs.jsonl"},
     "full_context": {"objective": "qa", "path": "squad.json", "full_context": True},
     "rag_qa": {"objective": "rag_qa", "path": "rag.json", "split": None, "dev_split": None,
@@ -372,6 +373,71 @@ def test_examples_end_where_their_targets_end():
     assert build("qa", {**row, "answers": ["cat"]})["skip"] == [""]
     assert build("qa", row)["skip"] == ["answer cut off with the document"]
     assert build("summarization", {"article": "the cat sat", "highlights": " "})["skip"] == ["no answer"]
+
+
+def test_summaries_of_several_documents_make_a_digest():
+    """documents_per_example d > 1: the record and d - 1 other records of its batch in random order, each document
+    compressed alone, SUMMARY_OF_DOCUMENT, the target their summaries in that order; fewer records, fewer documents.
+    d = 1 is the one-document example (SUMMARY_PROMPT) it always was."""
+    from nugget_rag.config import nugget_count
+    from nugget_rag.prompts import SUMMARY_OF_DOCUMENT, SUMMARY_PROMPT
+    from nugget_rag.train.data import ExampleBuilder
+    from nugget_rag.train.sources import Lengths, Source
+
+    tok = tiny_model().tokenizer
+    lengths = Lengths(document=40, answer=60, min_document=4)
+    rows = [{"document": f"article {c} " * 3, "summary": f"Summary {c}."} for c in "abcde"]
+    by_document = {tok.decode(tok(r["document"], add_special_tokens=False)["input_ids"]): r["summary"] for r in rows}
+
+    def builder(d: int, **fields) -> ExampleBuilder:
+        source = Source(objective="summarization", path="x", documents_per_example=d, **fields)
+        return ExampleBuilder(source, tok, lengths, 512, 4, 0, in_user_turn=True)
+
+    def build(d: int, batch: list[dict], **fields) -> list[dict]:
+        out = builder(d, **fields)({k: [r[k] for r in batch] for k in batch[0]}, [0])
+        return [dict(zip(out, values)) for values in zip(*out.values())]
+
+    def read(example: dict) -> tuple[list[str], str, str]:
+        """(the documents' texts, the prompt, the target without its EOS)"""
+        ids, start = example["input_ids"], example["target_start"]
+        target = ids[start:-1] if ids[-1] == tok.eos_token_id else ids[start:]
+        return [tok.decode(d) for d in example["documents"]], tok.decode(ids[:start]), tok.decode(target)
+
+    one = builder(1)
+    for row, example in zip(rows, build(1, rows)):
+        assert example == one.task([row["document"]], SUMMARY_PROMPT, row["summary"], [row["summary"]])
+        documents, prompt, target = read(example)
+        assert documents == [row["document"]] and SUMMARY_PROMPT in prompt and target == row["summary"]
+
+    digests = build(3, rows)
+    assert len(digests) == len(rows) and not any(e["skip"] for e in digests)
+    first = []
+    for row, example in zip(rows, digests):
+        documents, prompt, target = read(example)
+        assert len(documents) == len(set(documents)) == 3 and row["document"].strip() in [d.strip() for d in documents]
+        assert SUMMARY_OF_DOCUMENT in prompt and SUMMARY_PROMPT not in prompt
+        assert target == " ".join(by_document[d] for d in documents)  # the summaries in the documents' order
+        assert example["references"] == [target]
+        first.append(documents[0].strip() == row["document"].strip())
+    assert not all(first)  # the record's own document is not always first
+    # the source's own field names (article/highlights) read alike
+    cnn = [{"article": r["document"], "highlights": r["summary"]} for r in rows]
+    assert [e["input_ids"] for e in build(3, cnn)] == [e["input_ids"] for e in digests]
+    # a batch of fewer records than d: fewer documents; one record alone is a digest of one
+    assert [len(e["documents"]) for e in build(3, rows[:2])] == [2, 2]
+    (alone,) = build(3, rows[:1])
+    assert read(alone)[0] == [rows[0]["document"]] and SUMMARY_OF_DOCUMENT in read(alone)[1]
+    assert read(alone)[2] == rows[0]["summary"]
+    # a record without a summary is skipped, and never joins another's digest
+    empty = [{**rows[0], "summary": " "}, *rows[1:3]]
+    assert [e["skip"] for e in build(3, empty)] == ["no answer", "", ""]
+    assert all(len(e["documents"]) == 2 for e in build(3, empty)[1:])
+    # the decoder positions a digest may take count its d documents' nuggets
+    assert (objectives.OBJECTIVES["summarization"].positions(builder(3))
+            - objectives.OBJECTIVES["summarization"].positions(builder(1))) == 2 * nugget_count(40, 4)
+    with pytest.raises(ValueError, match="decoder positions for summarization"):
+        ExampleBuilder(Source(objective="summarization", path="x", documents_per_example=3), tok, lengths,
+                       objectives.OBJECTIVES["summarization"].positions(builder(1)) + 10, 4, 0, in_user_turn=True)
 
 
 def test_jsonl_lines_end_at_newlines_only_and_must_be_objects(tmp_path):

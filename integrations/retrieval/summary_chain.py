@@ -23,17 +23,17 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
 from pydantic import ConfigDict, Field, field_validator
+from transformers import PreTrainedTokenizerBase
 
 from nugget_rag.components.compressor import CompressorInput, NuggetCompressor, as_documents
 from nugget_rag.config import DECODER, PROBE_RATIO, NuggetConfig, SummaryReading
 from nugget_rag.generation.decoding import GenerationSettings, RowSteps, generate, generation_steps
-from nugget_rag.prompts import SUMMARY_PROMPT, chat_token_ids
+from nugget_rag.prompts import SUMMARY_OF_DOCUMENT, SUMMARY_PROMPT, chat_token_ids
 
 from ..ingest.chunking import token_splitter
 
 DEFAULT_READING: SummaryReading = get_args(SummaryReading)[0]  # chosen by measurement: BENCHMARKS.md
 FINISH_SENTENCE = 32  # tokens past a limit to end the sentence it cut
-SUMMARY_OF_DOCUMENT = "Please summarize the above document in a few sentences."
 COMBINE_PROMPT = 'Write a concise summary of the following:\n\n"{sections}"\n\nCONCISE SUMMARY:'  # LangChain's
 
 
@@ -120,9 +120,7 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
 
     def sections(self, documents: Sequence[Document]) -> list[Document]:
         """The documents cut at paragraph boundaries into sections of at most `section_tokens` tokens."""
-        splitter = token_splitter(self.compressor.model.tokenizer, self.section_tokens, 0)
-        return [section for doc in documents for section in splitter.split_documents([doc])
-                if section.page_content.strip()]
+        return cut_sections(self.compressor.model.tokenizer, documents, self.section_tokens)
 
     def _settings(self, max_new_tokens: int) -> GenerationSettings:
         return GenerationSettings(max_new_tokens=max_new_tokens, finish_sentence=FINISH_SENTENCE, temperature=0,
@@ -191,6 +189,15 @@ class NuggetSummarizer(RunnableSerializable[CompressorInput, AIMessage]):
         return RowSteps((pieces[0], done[0]) for pieces, done in steps)
 
 
+def cut_sections(tokenizer: PreTrainedTokenizerBase, documents: Sequence[Document],
+                 section_tokens: int) -> list[Document]:
+    """`documents` cut at paragraph boundaries into sections of at most `section_tokens` tokens of `tokenizer`, in
+    order, blank ones left out: the sections a NuggetSummarizer reads (and the teacher summaries train on)."""
+    splitter = token_splitter(tokenizer, section_tokens, 0)
+    return [section for doc in documents for section in splitter.split_documents([doc])
+            if section.page_content.strip()]
+
+
 def first_sentence(text: str) -> str:
     """`text`'s first sentence (to its first '.', '!' or '?' before whitespace), or all of it stripped."""
     return re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
@@ -204,4 +211,4 @@ def build_summary_chain(compressor: NuggetCompressor, reading: SummaryReading = 
     return summarizer | StrOutputParser() if as_text else summarizer
 
 
-__all__: list[str] = ["NuggetSummarizer", "SummaryReading", "build_summary_chain"]
+__all__: list[str] = ["NuggetSummarizer", "SummaryReading", "build_summary_chain", "cut_sections", "first_sentence"]

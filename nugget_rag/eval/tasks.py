@@ -27,14 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..corpora import DataError, read_documents, read_hotpotqa, read_squad, read_summarization
-from ..prompts import SUMMARY_PROMPT, chat_token_ids, full_context_messages, render_instruction
+from ..prompts import SUMMARY_OF_DOCUMENT, SUMMARY_PROMPT, chat_token_ids, full_context_messages, render_instruction
 from .config import EvalConfig
 from .metrics import answer_correct, bleu, rouge
 from .rag import retrieved
 from .systems.base import Query
 
 AUTOENCODE_PROMPT = "Please repeat the above document word for word."
-LONG_SUMMARY_PROMPT = "Please summarize the above document in a few sentences."
+LONG_SUMMARY_PROMPT = SUMMARY_OF_DOCUMENT  # the summary chain's "nuggets" reading's
 KINDS = {"autoencoding": "autoencoding", "squad": "qa", "cnndm": "summarization", "lm": "lm", "hotpotqa": "qa",
          "long_cnndm": "summarization", "squad_rag": "qa", "hotpotqa_rag": "qa"}
 MAIN_METRIC = {"autoencoding": "bleu", "squad": "accuracy", "cnndm": "rougeL", "lm": "perplexity", "hotpotqa": "accuracy",

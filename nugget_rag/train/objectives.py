@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..eval.metrics import answer_correct, bleu, rouge
 from ..generation.text import words
-from ..prompts import QA_PROMPT, SUMMARY_PROMPT, render_instruction
+from ..prompts import QA_PROMPT, SUMMARY_OF_DOCUMENT, SUMMARY_PROMPT, render_instruction
 from .sources import Lengths, Source
 
 
@@ -284,19 +284,51 @@ class RetrievedQuestionAnswering(PromptedTask):
 
 @register("summarization")
 class Summarization(PromptedTask):
-    """(article, summary instruction, summary), as CNN/DailyMail."""
+    """(article, summary instruction, summary), as CNN/DailyMail.
+
+    With `documents_per_example` d > 1, a digest: this record and up to d - 1 other records of its batch (other
+    documents, each with a summary), in random order, each document compressed alone; the instruction is
+    SUMMARY_OF_DOCUMENT, the summary chain's "nuggets" reading's, and the target is their summaries in the documents'
+    order joined by a space. A space, not a line break: the nuggets reading decodes one paragraph (no stop string)
+    and its output is returned as the summary, as the outline reading's sentences are joined by a space; a target of
+    lines would teach the reading another shape than the chain's other readings return. (ROUGE-1/2/L, which scores
+    summaries here, splits on whitespace alike.) A batch with fewer than d usable records gives fewer documents;
+    d = 1 is the one-document example, SUMMARY_PROMPT."""
 
     generate_tokens = 128
 
     def fields(self, source):
         return [("document", source.document_field), ("summary", source.summary_field)]
 
+    def positions(self, builder: Builder) -> int:
+        L = builder.lengths
+        return builder.state_positions([L.document] * builder.source.documents_per_example) + L.answer + 64
+
     def build(self, builder, row, rows, rng):
-        document = row["document"] if "document" in row else row[builder.source.document_field]
-        summary = row["summary"] if "summary" in row else row[builder.source.summary_field]
+        document, summary = self._pair(builder.source, row)
         if not summary or not str(summary).strip():
             return [skip("no answer")]
-        return [builder.task([document], SUMMARY_PROMPT, summary, [summary])]
+        d = builder.source.documents_per_example
+        if d == 1:
+            return [builder.task([document], SUMMARY_PROMPT, summary, [summary])]
+        others = {}  # document -> summary, in batch order (deterministic), this row's document left out
+        for other in rows:
+            text, written = self._pair(builder.source, other)
+            if text and text != document and written and str(written).strip():
+                others.setdefault(text, written)
+        chosen = list(others.items())
+        rng.shuffle(chosen)
+        pairs = [(document, summary), *chosen[: d - 1]]
+        rng.shuffle(pairs)
+        target = " ".join(str(s).strip() for _, s in pairs)
+        return [builder.task([doc for doc, _ in pairs], SUMMARY_OF_DOCUMENT, target, [target])]
+
+    @staticmethod
+    def _pair(source: Source, row: dict) -> tuple[str | None, str | None]:
+        """A record's (document, summary): the `document`/`summary` fields, else the source's field names."""
+        document = row["document"] if "document" in row else row[source.document_field]
+        summary = row["summary"] if "summary" in row else row[source.summary_field]
+        return document, summary
 
     def score(self, outputs, references):
         return {"rougeL": round(rouge(outputs, [r[0] for r in references])["rougeL"], 2)}

@@ -71,7 +71,9 @@ class Source(BaseModel):
     answer_field: str = Field("answers", description="Field of the answer(s) (qa, non-SQuAD files).")
     documents_per_example: int = Field(
         1, ge=1, description="Multi-document examples: qa adds this many - 1 other passages as distractors, in random "
-                             "order; continuation cuts d into this many pieces; each piece is compressed on its own.",
+                             "order; summarization makes a digest of this many documents of the batch, in random "
+                             "order, the target their summaries in that order; continuation cuts d into this many "
+                             "pieces; each piece is compressed on its own.",
     )
     full_context: bool = Field(
         False, description="Reference without compression: the whole document in the prompt, decoder adapter only "
