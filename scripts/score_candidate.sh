@@ -40,7 +40,7 @@ for measure in "${measures[@]}"; do
       # file) holds 22 passages of 100 tokens, each scored (--limit 30 takes them all)
       "$nugget_rag" eval --tasks autoencoding --systems nugget --ratios 1 2 10 --limit 30 --sample random \
         --task-limit autoencoding=30 --ae-lengths 100 --batch-size 15 --name "$measure" "${common[@]}" ;;
-    summaries)  # 8 dev digests of 12 CNN/DM dev articles each (9-10k tokens, past the window), summarised in the
+    summaries)  # 8 dev digests of 12 CNN/DM dev articles each (8,000-10,000 tokens), summarised in the
       # shipped reading (the outline at r = 4) and scored by ROUGE-L against their highlights; not resumed (8-15 min)
       [ -f "$out/summaries-predictions.jsonl" ] && { echo "[score] summaries: already in $out"; continue; }
       "${PYTHON:-.venv/bin/python}" benchmarks/long_documents.py --split dev --digests 8 --topics --systems outline_r4 \
