@@ -564,6 +564,30 @@ def test_max_time_counts_the_setup_too(data, tmp_path):
     assert trainer.step == 1 and (tmp_path / "run" / "final").is_dir()
 
 
+def test_a_stop_signal_ends_the_run_after_its_update_with_a_checkpoint_that_resumes(data, tmp_path):
+    """SIGTERM (a session's end, `kill`) mid-run: the loop finishes the update it is in, checkpoints and returns, the
+    signal's handler is restored, and the same command resumes from that update."""
+    import signal
+
+    cfg = config(tmp_path, [source("qa", data)], max_steps=6, save_every=100)
+    trainer = Trainer(cfg, tiny_model())
+    backward = trainer._backward
+
+    def signalled(batches):  # the signal arrives during the second update
+        if trainer.step == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return backward(batches)
+
+    trainer._backward = signalled
+    before = signal.getsignal(signal.SIGTERM)
+    trainer.train()
+    assert trainer.step == 2 and signal.getsignal(signal.SIGTERM) is before
+    assert checkpoints(tmp_path / "run")[-1].name.endswith("2")
+    assert Trainer(cfg, tiny_model()).train().step == 6
+    lines = [json.loads(x) for x in (tmp_path / "run" / METRICS_FILE).read_text().splitlines()]
+    assert [x["step"] for x in lines if x["kind"] == "setup"] == [1, 3]  # the second call began at update 3
+
+
 def test_the_trainers_bf16_step_takes_cudas_fused_branch_with_one_dtype(data, tmp_path, monkeypatch, request):
     """The trainer's own step as it runs on a GPU: Accelerate's bf16 autocast over float32 weights, the decoder's
     causality given to SDPA as a `CausalBias` flag (CUDA's branch, forced here on the CPU). RoPE's float32 cos/sin

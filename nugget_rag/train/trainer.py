@@ -33,6 +33,7 @@ from .metrics import MetricsFile, Window, plot
 from .optimisation import build_optimizer, build_scheduler, curriculum_ratio
 from .resume import CONFIG_FILE, FINAL_DIR, check_resume, export, restore, save, start_from, training_record
 from .run_data import run_data, source_names
+from .stopping import StopRequests
 from .warm_start import warm_start_scorer
 
 log = logging.getLogger(__name__)
@@ -140,53 +141,56 @@ class Trainer:
         if self.step == 0 and cfg.eval_every:
             self.evaluate()  # the starting point, for the before/after comparison
         self.model.train()
-        stopped_by_time, first = False, self.step + 1
-        while self.step < self.updates:
-            tick = time.monotonic()
-            batches = []
-            for _ in range(cfg.grad_accum):
-                ratio = self._ratio()
-                batches.append(self.mixture.next_batch())
-                batches[-1].ratio = ratio
-            for batch, (loss, terms, flops) in zip(batches, self._backward(batches)):
-                window.add(self.names[batch.source], loss, batch, terms, flops)
-                self.tokens += batch.tokens
-            if self.compiled is not None:
-                self.compiled.update(self.optimizer.optimizer, self.scheduler, cfg.optim.max_grad_norm)
-            else:
-                if cfg.optim.max_grad_norm:
-                    acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-                self.optimizer.step()
-                self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.step += 1
-            if self.step == first:  # this call's setup: loading, tokenising, compiling, the first update
-                self.metrics.write({"kind": "setup", "step": self.step,
-                                    "first_update_s": round(time.monotonic() - self.created, 1)})
-            window.seconds += time.monotonic() - tick
-            bar.update(1)
-            if self.step % cfg.log_every == 0 or self.step == self.updates:
-                line = {"kind": "train", "step": self.step, "lr": float(self.scheduler.get_last_lr()[0]), **window.flush(),
-                        "passes": self.passes, "elapsed_s": round(time.monotonic() - start, 1)}
-                if self.compiled is not None:  # graphs compiled so far: one a bucket, and the update's (CompiledStep)
-                    line |= {"buckets": len(self.compiled.buckets), "loss_graphs": self.compiled.graphs["loss"],
-                             "update_graphs": self.compiled.graphs["update"]}
-                losses.append(line)
-                self.metrics.write(line)
-                bar.set_postfix({k[5:]: f"{v:.3f}" for k, v in line.items() if k.startswith("loss/")})
-            timed_out = cfg.max_time is not None and time.monotonic() - self.created > cfg.max_time
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and not timed_out:
-                self.evaluate()
-            if self.step % cfg.save_every == 0 or timed_out or self.step == self.updates:
-                self._save()
-            if cfg.export_every and (self.offset + self.step) % cfg.export_every == 0 and self.step < self.updates:
-                self._export(f"export-{self.offset + self.step}")
-            if timed_out:
-                stopped_by_time = True
-                log.info("max_time reached at step %d", self.step)
-                break
+        stopped, first = False, self.step + 1
+        with StopRequests() as stops:
+            while self.step < self.updates:
+                tick = time.monotonic()
+                batches = []
+                for _ in range(cfg.grad_accum):
+                    ratio = self._ratio()
+                    batches.append(self.mixture.next_batch())
+                    batches[-1].ratio = ratio
+                for batch, (loss, terms, flops) in zip(batches, self._backward(batches)):
+                    window.add(self.names[batch.source], loss, batch, terms, flops)
+                    self.tokens += batch.tokens
+                if self.compiled is not None:
+                    self.compiled.update(self.optimizer.optimizer, self.scheduler, cfg.optim.max_grad_norm)
+                else:
+                    if cfg.optim.max_grad_norm:
+                        acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+                    self.optimizer.step()
+                    self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                if self.step == first:  # this call's setup: loading, tokenising, compiling, the first update
+                    self.metrics.write({"kind": "setup", "step": self.step,
+                                        "first_update_s": round(time.monotonic() - self.created, 1)})
+                window.seconds += time.monotonic() - tick
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == self.updates:
+                    line = {"kind": "train", "step": self.step, "lr": float(self.scheduler.get_last_lr()[0]), **window.flush(),
+                            "passes": self.passes, "elapsed_s": round(time.monotonic() - start, 1)}
+                    if self.compiled is not None:  # graphs compiled so far: one a bucket, and the update's (CompiledStep)
+                        line |= {"buckets": len(self.compiled.buckets), "loss_graphs": self.compiled.graphs["loss"],
+                                 "update_graphs": self.compiled.graphs["update"]}
+                    losses.append(line)
+                    self.metrics.write(line)
+                    bar.set_postfix({k[5:]: f"{v:.3f}" for k, v in line.items() if k.startswith("loss/")})
+                timed_out = cfg.max_time is not None and time.monotonic() - self.created > cfg.max_time
+                stopping = self._all_agree(timed_out or stops.requested is not None)
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and not stopping:
+                    self.evaluate()
+                if self.step % cfg.save_every == 0 or stopping or self.step == self.updates:
+                    self._save()
+                if cfg.export_every and (self.offset + self.step) % cfg.export_every == 0 and self.step < self.updates:
+                    self._export(f"export-{self.offset + self.step}")
+                if stopping:
+                    stopped = True
+                    log.info("%s at step %d: checkpointed; re-run the same command to resume",
+                             "max_time reached" if timed_out else stops.requested, self.step)
+                    break
         bar.close()
-        if not stopped_by_time and (not cfg.eval_every or self.step % cfg.eval_every):
+        if not stopped and (not cfg.eval_every or self.step % cfg.eval_every):
             self.evaluate()
         final = self._export(FINAL_DIR)
         if acc.is_main_process:
@@ -252,6 +256,12 @@ class Trainer:
         if losses:
             self.metrics.write({"kind": "warm_start", "step": 0, "steps": len(losses), "signal": warm.signal,
                                 "kl_first": float(f"{losses[0]:.4g}"), "kl_last": float(f"{losses[-1]:.4g}")})
+
+    def _all_agree(self, flag: bool) -> bool:
+        """Whether any process raised `flag` (a collective where there are several: all stop at the same update)."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        return bool(self.accelerator.reduce(torch.tensor(int(flag), device=self.accelerator.device), "sum") > 0)
 
     def _read_tokens(self) -> int | None:
         """Tokens the run has read, over all processes (a collective: every process calls it)."""
