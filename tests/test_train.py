@@ -10,6 +10,7 @@ import torch
 import yaml
 from accelerate.state import AcceleratorState
 from pydantic import ValidationError
+from safetensors.torch import load_file
 from tiny import perturb_adapters, tiny_base
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -170,6 +171,28 @@ def test_resume_ignores_init_from_which_only_shapes_a_start(data, tmp_path):
     resumed = train(config(tmp_path, [source("autoencoding", data)], max_steps=3, init_from=str(first.final_dir)),
                     tiny_model())
     assert resumed.step == 3 and [x["step"] for x in resumed.losses] == [3]
+
+
+def test_a_branch_begins_at_another_runs_checkpoint_with_its_own_data(data, tmp_path):
+    """branch_from: the checkpoint's parts, optimiser, schedule and step; this run's sources, streams afresh."""
+    trunk = train(config(tmp_path / "trunk", [source("autoencoding", data)], max_steps=4), tiny_model())
+    point = trunk.output_dir / "checkpoint-2"
+
+    def perturbed() -> NuggetModel:  # weights that must come from the checkpoint
+        return perturb_adapters(tiny_model())
+
+    sources = [source("qa", data)]
+    at_point = train(config(tmp_path / "zero", sources, max_steps=2, branch_from=str(point)), perturbed())
+    assert at_point.step == 2  # nothing left to train: the export is the checkpoint's parts
+    saved, exported = load_file(point / "nugget.safetensors"), load_file(at_point.final_dir / "nugget.safetensors")
+    assert saved.keys() == exported.keys()
+    assert [k for k in saved if not torch.equal(saved[k].float(), exported[k].float())] == []
+    branch = train(config(tmp_path / "branch", sources, max_steps=4, branch_from=str(point)), perturbed())
+    assert [x["step"] for x in branch.losses] == [3, 4]
+    assert [x["lr"] for x in branch.losses] == [x["lr"] for x in trunk.losses[2:]]  # the schedule goes on
+    assert all("loss/qa:squad" in x and "loss/autoencoding:docs" not in x for x in branch.losses)  # this run's data
+    with pytest.raises(ValueError, match="not a run's checkpoint"):
+        Trainer(config(tmp_path / "wrong", sources, branch_from=str(trunk.final_dir)), tiny_model())
 
 
 def test_resume_may_turn_gradient_checkpointing_on_with_the_same_updates(data, tmp_path):

@@ -119,6 +119,10 @@ class TrainConfig(BaseModel):
     base_model: str | None = Field(None, description="Base LLaMA checkpoint directory (default: SmolLM2-135M-Instruct).")
     init_from: str | None = Field(None, description="Nugget checkpoint to start from (e.g. a pretraining run's "
                                                     "export; 'default': the one shipped for SmolLM2-135M-Instruct).")
+    branch_from: str | None = Field(None, description=(
+        "A checkpoint of another run (its checkpoint-N folder) to begin at: its parts, optimiser state, schedule "
+        "position, step and lineage, with this run's own data and recipe, the streams starting afresh. For an A/B of "
+        "data mixes from one point of a run; a resumed branch reads its own checkpoint."))
     nugget: NuggetConfig = Field(default_factory=NuggetConfig, description="Ratio, Scorer and LoRA settings.")
     data: list[Source] = Field(min_length=1)
     lengths: Lengths = Field(default_factory=Lengths)
@@ -246,7 +250,7 @@ class TrainConfig(BaseModel):
         checkpointing) may change: the updates stay the same."""
         return self.model_dump(
             mode="json",
-            exclude={"output_dir", "init_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
+            exclude={"output_dir", "init_from", "branch_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
                      "save_every", "export_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
                      "compile", "compile_backend", "compile_mode", "attention", "packing", "ready_dir",
                      "gradient_checkpointing"},

@@ -74,10 +74,21 @@ def start_from(config: TrainConfig, model: NuggetModel, out: Path) -> list[dict]
         if config.chain:
             lineage.check_stage(earlier, lineage.stage_of(config), start)
         model.load_parts(start)
-    found = checkpoint.latest(out)
-    if found is not None:  # a resumed run continues the lineage it began with
+    found = checkpoint.latest(out) or branch_point(config)
+    if found is not None:  # a resumed run (or a branch) continues the lineage its checkpoint holds
         earlier = checkpoint.read_state(found).get("lineage", earlier)
     return earlier
+
+
+def branch_point(config: TrainConfig) -> Path | None:
+    """`branch_from` as a checkpoint folder (None when unset); a folder that is not a run's checkpoint is refused."""
+    if config.branch_from is None:
+        return None
+    found = Path(config.branch_from)
+    if not (found / checkpoint.STATE_FILE).is_file():
+        raise ValueError(f"branch_from {found} is not a run's checkpoint (it has no {checkpoint.STATE_FILE}); "
+                         "pass a checkpoint-N folder of a run's output_dir")
+    return found
 
 
 def _init_checkpoint(init_from: str, model: NuggetModel) -> str | Path:
@@ -101,14 +112,15 @@ def _check_lora(start: str | Path, trained: NuggetConfig, config: NuggetConfig) 
 
 
 def restore(found: Path, model: NuggetModel, optimizer: torch.optim.Optimizer, scheduler, mixture: Mixture,
-            accelerator: Accelerator, compiled: bool, max_steps: int) -> dict:
-    """Restore the checkpoint `found`: the model's parts, optimiser, schedule, data position and gradient scaler;
-    returns its trainer state."""
+            accelerator: Accelerator, compiled: bool, max_steps: int, data: bool = True) -> dict:
+    """Restore the checkpoint `found`: the model's parts, optimiser, schedule, data position (unless `data` is false:
+    a branch draws its own) and gradient scaler; returns its trainer state."""
     model.load_parts(found)
     meta = checkpoint.load(found, optimizer, scheduler)
     if compiled:
         tensor_learning_rates(optimizer)
-    mixture.load_state_dict(meta["data"])
+    if data:
+        mixture.load_state_dict(meta["data"])
     if meta.get("scaler") and accelerator.scaler is not None:
         accelerator.scaler.load_state_dict(meta["scaler"])
     if meta.get("max_steps", max_steps) != max_steps:

@@ -31,7 +31,7 @@ from .flops import peak_flops
 from .loss import ObjectiveLoss
 from .metrics import MetricsFile, Window, plot
 from .optimisation import build_optimizer, build_scheduler, curriculum_ratio
-from .resume import CONFIG_FILE, FINAL_DIR, check_resume, export, restore, save, start_from, training_record
+from .resume import CONFIG_FILE, FINAL_DIR, branch_point, check_resume, export, restore, save, start_from, training_record
 from .run_data import run_data, source_names
 from .stopping import StopRequests
 from .warm_start import warm_start_scorer
@@ -270,14 +270,17 @@ class Trainer:
 
     def _resume(self) -> None:
         found = checkpoint.latest(self.out)
+        branched = found is None and self.config.branch_from is not None
+        if branched:
+            found = branch_point(self.config)
         if found is None:
             return
         meta = restore(found, self.model, self.optimizer, self.scheduler, self.mixture, self.accelerator,
-                       self.compiled is not None, self.config.max_steps)
+                       self.compiled is not None, self.config.max_steps, data=not branched)
         self.step = meta["step"]
         self.tokens_before = meta.get("tokens")  # None: saved before tokens were counted
         self.metrics.truncate(self.step)
-        log.info("resumed from %s at step %d", found, self.step)
+        log.info("%s %s at step %d", "branched (this run's data) from" if branched else "resumed from", found, self.step)
 
     def _save(self) -> None:
         self.accelerator.wait_for_everyone()
