@@ -31,7 +31,17 @@ from .flops import peak_flops
 from .loss import ObjectiveLoss
 from .metrics import MetricsFile, Window, plot
 from .optimisation import build_optimizer, build_scheduler, curriculum_ratio
-from .resume import CONFIG_FILE, FINAL_DIR, branch_point, check_resume, export, restore, save, start_from, training_record
+from .resume import (
+    CONFIG_FILE,
+    FINAL_DIR,
+    branch_point,
+    check_resume,
+    export,
+    restore,
+    save,
+    start_from,
+    training_record,
+)
 from .run_data import run_data, source_names
 from .stopping import StopRequests
 from .warm_start import warm_start_scorer
