@@ -250,8 +250,8 @@ class TrainConfig(BaseModel):
         checkpointing) may change: the updates stay the same."""
         return self.model_dump(
             mode="json",
-            exclude={"output_dir", "init_from", "branch_from", "max_steps", "max_time", "eval_every", "eval_examples", "eval_generate",
-                     "save_every", "export_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
+            exclude={"output_dir", "init_from", "branch_from", "max_steps", "max_time", "eval_every", "eval_examples",
+                     "eval_generate", "save_every", "export_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
                      "compile", "compile_backend", "compile_mode", "attention", "packing", "ready_dir",
                      "gradient_checkpointing"},
         )

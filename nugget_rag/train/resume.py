@@ -74,21 +74,23 @@ def start_from(config: TrainConfig, model: NuggetModel, out: Path) -> list[dict]
         if config.chain:
             lineage.check_stage(earlier, lineage.stage_of(config), start)
         model.load_parts(start)
-    found = checkpoint.latest(out) or branch_point(config)
+    found, _ = start_point(config, out)
     if found is not None:  # a resumed run (or a branch) continues the lineage its checkpoint holds
         earlier = checkpoint.read_state(found).get("lineage", earlier)
     return earlier
 
 
-def branch_point(config: TrainConfig) -> Path | None:
-    """`branch_from` as a checkpoint folder (None when unset); a folder that is not a run's checkpoint is refused."""
-    if config.branch_from is None:
-        return None
+def start_point(config: TrainConfig, out: Path) -> tuple[Path | None, bool]:
+    """The checkpoint a run starts at, and whether it is a branch's: `out`'s latest, else `branch_from` (a folder
+    that is not a run's checkpoint is refused), else none."""
+    found = checkpoint.latest(out)
+    if found is not None or config.branch_from is None:
+        return found, False
     found = Path(config.branch_from)
     if not (found / checkpoint.STATE_FILE).is_file():
         raise ValueError(f"branch_from {found} is not a run's checkpoint (it has no {checkpoint.STATE_FILE}); "
                          "pass a checkpoint-N folder of a run's output_dir")
-    return found
+    return found, True
 
 
 def _init_checkpoint(init_from: str, model: NuggetModel) -> str | Path:

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..model.base_model import load_base_model
 from ..model.nugget_model import NuggetModel
-from . import checkpoint, lineage
+from . import lineage
 from .batches import Batch, Mixture
 from .compiled_step import CompiledStep, compile_layers
 from .config import TrainConfig
@@ -34,12 +34,12 @@ from .optimisation import build_optimizer, build_scheduler, curriculum_ratio
 from .resume import (
     CONFIG_FILE,
     FINAL_DIR,
-    branch_point,
     check_resume,
     export,
     restore,
     save,
     start_from,
+    start_point,
     training_record,
 )
 from .run_data import run_data, source_names
@@ -279,10 +279,7 @@ class Trainer:
         return None if self.tokens_before is None else self.tokens_before + read
 
     def _resume(self) -> None:
-        found = checkpoint.latest(self.out)
-        branched = found is None and self.config.branch_from is not None
-        if branched:
-            found = branch_point(self.config)
+        found, branched = start_point(self.config, self.out)
         if found is None:
             return
         meta = restore(found, self.model, self.optimizer, self.scheduler, self.mixture, self.accelerator,
