@@ -195,6 +195,26 @@ def test_a_branch_begins_at_another_runs_checkpoint_with_its_own_data(data, tmp_
         Trainer(config(tmp_path / "wrong", sources, branch_from=str(trunk.final_dir)), tiny_model())
 
 
+def test_dev_losses_at_further_ratios_are_those_the_weights_give_at_that_ratio(data, tmp_path):
+    """eval_ratios: each source's dev loss also at r = 2 (SOURCE@r2/loss), beside the model's r = 4: the loss the
+    same weights give where r = 2 is the model's ratio."""
+    sources = [source("autoencoding", data), source("qa", data)]
+
+    def first_eval(ratio: float, **settings) -> dict:
+        cfg = config(tmp_path / f"r{ratio}", sources, nugget={**NUGGET, "ratio": ratio}, max_steps=1, eval_every=1,
+                     **settings)
+        result = train(cfg, NuggetModel(tiny_base(), NuggetConfig(**{**NUGGET, "ratio": ratio})))
+        lines = [json.loads(x) for x in (result.output_dir / METRICS_FILE).read_text().splitlines()]
+        return next(x for x in lines if x["kind"] == "eval" and x["step"] == 0)
+
+    both, at_two = first_eval(4, eval_ratios=[2]), first_eval(2)
+    for name in ("autoencoding:docs", "qa:squad"):
+        assert both[f"{name}@r2/loss"] == at_two[f"{name}/loss"]
+        assert both[f"{name}@r2/loss"] != both[f"{name}/loss"]
+    with pytest.raises(ValidationError, match="eval_ratios"):
+        config(tmp_path, sources, eval_ratios=[0.5])
+
+
 def test_resume_may_turn_gradient_checkpointing_on_with_the_same_updates(data, tmp_path):
     sources = [source("autoencoding", data), source("qa", data)]
     optim = {"warmup_steps": 0, "lr": 1e-3, "schedule": "constant"}  # the same rates in runs of 2 and 4 steps

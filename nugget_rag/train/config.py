@@ -150,6 +150,9 @@ class TrainConfig(BaseModel):
                                                         "from the start of setup (loading, tokenising).")
     eval_every: int = Field(100, ge=0, description="Steps between dev evaluations (0: only at the end).")
     eval_examples: int = Field(32, ge=1, description="Dev examples per source in an evaluation.")
+    eval_ratios: list[float] = Field(default_factory=list, description="Ratios at which each source's dev loss is "
+                                     "also measured, beside nugget.ratio's (SOURCE@rR/loss; e.g. [2] watches "
+                                     "reconstruction at r = 2 while the decision measures it).")
     eval_generate: int = Field(0, ge=0, description="Dev examples per source also generated and scored "
                                                     "(autoencoding BLEU, QA accuracy, summarisation ROUGE-L).")
     save_every: int = Field(100, ge=1, description="Steps between checkpoints.")
@@ -228,6 +231,14 @@ class TrainConfig(BaseModel):
             check_source(source)
         return sources
 
+    @field_validator("eval_ratios")
+    @classmethod
+    def _eval_ratios(cls, ratios: list[float]) -> list[float]:
+        if any(r < 1 for r in ratios):
+            raise ValueError(f"eval_ratios={ratios} holds a ratio below 1; every ratio must be >= 1 (1: every token "
+                             "kept)")
+        return ratios
+
     @field_validator("max_time", mode="before")
     @classmethod
     def _duration(cls, value: object) -> object:
@@ -251,7 +262,7 @@ class TrainConfig(BaseModel):
         return self.model_dump(
             mode="json",
             exclude={"output_dir", "init_from", "branch_from", "max_steps", "max_time", "eval_every", "eval_examples",
-                     "eval_generate", "save_every", "export_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
+                     "eval_ratios", "eval_generate", "save_every", "export_every", "keep_last", "log_every", "threads", "cpu", "export_dtype", "peak_tflops",
                      "compile", "compile_backend", "compile_mode", "attention", "packing", "ready_dir",
                      "gradient_checkpointing"},
         )

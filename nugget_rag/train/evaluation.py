@@ -20,27 +20,38 @@ from .sources import Source
 def dev_scores(config: TrainConfig, model: NuggetModel, loss: torch.nn.Module, objective: ObjectiveLoss,
                names: list[str], dev: list[list[dict]], step: int) -> dict:
     """The eval line at `step`: per source with dev examples, its loss terms through `loss` (the prepared
-    `objective`, whose terms it reads) and its generation scores."""
+    `objective`, whose terms it reads) at the model's ratio (`SOURCE/loss`) and at each of `eval_ratios`
+    (`SOURCE@rR/loss`), and its generation scores."""
     was_training = model.training
     model.eval()
     line: dict = {"kind": "eval", "step": step}
     for index, (name, held) in enumerate(zip(names, dev)):
         if not held:
             continue
-        totals: dict[str, float] = defaultdict(float)
-        for start in range(0, len(held), config.batch_size):
-            chunk = held[start : start + config.batch_size]
-            loss(collate(chunk, index, model.tokenizer.pad_token_id))
-            for term, value in objective.terms.items():
-                totals[term] += value * len(chunk)
-        # the dev loss is the cross-entropy (comparable with and without distillation); the KL beside it
-        line[f"{name}/loss"] = round(totals.pop("ce") / len(held), 4)
-        line.update({f"{name}/{term}": round(value / len(held), 4) for term, value in totals.items()})
+        for ratio in (None, *config.eval_ratios):
+            line.update(loss_terms(config.batch_size, model, loss, objective, held, index, ratio,
+                                   name if ratio is None else f"{name}@r{ratio:g}"))
         if config.eval_generate:
             line.update(generation_scores(model, config.batch_size, name, config.data[index],
                                           held[: config.eval_generate], index))
     model.train(was_training)
     return line
+
+
+def loss_terms(batch_size: int, model: NuggetModel, loss: torch.nn.Module, objective: ObjectiveLoss,
+               held: list[dict], index: int, ratio: float | None, key: str) -> dict:
+    """`held`'s mean loss terms at `ratio` (None: the model's), as `key/loss` (the cross-entropy, comparable with
+    and without distillation) and `key/TERM` for the others (the KL)."""
+    totals: dict[str, float] = defaultdict(float)
+    for start in range(0, len(held), batch_size):
+        chunk = held[start : start + batch_size]
+        batch = collate(chunk, index, model.tokenizer.pad_token_id)
+        batch.ratio = ratio
+        loss(batch)
+        for term, value in objective.terms.items():
+            totals[term] += value * len(chunk)
+    scores = {f"{key}/loss": round(totals.pop("ce") / len(held), 4)}
+    return scores | {f"{key}/{term}": round(value / len(held), 4) for term, value in totals.items()}
 
 
 def generation_scores(model: NuggetModel, batch_size: int, name: str, source: Source, examples: list[dict],
