@@ -234,10 +234,7 @@ class TrainConfig(BaseModel):
     @field_validator("eval_ratios")
     @classmethod
     def _eval_ratios(cls, ratios: list[float]) -> list[float]:
-        if any(r < 1 for r in ratios):
-            raise ValueError(f"eval_ratios={ratios} holds a ratio below 1; every ratio must be >= 1 (1: every token "
-                             "kept)")
-        return ratios
+        return [NuggetConfig(ratio=r).ratio for r in ratios]  # each checked as the model's ratio is
 
     @field_validator("max_time", mode="before")
     @classmethod
