@@ -17,7 +17,13 @@ from nugget_rag.train.distill import Teacher, kl_loss
 from nugget_rag.train.metrics import METRICS_FILE
 from nugget_rag.train.sources import Lengths, Source
 from nugget_rag.train.trainer import Trainer, train
-from nugget_rag.train.warm_start import answer_targets, batch_targets, importance_targets, scorer_loss
+from nugget_rag.train.warm_start import (
+    answer_targets,
+    batch_targets,
+    importance_targets,
+    scorer_loss,
+    scorer_targets,
+)
 
 QA_ONE = {"objective": "qa", "path": "squad.json", "dev_split": None}
 
@@ -205,6 +211,66 @@ def test_answers_warm_start_fits_the_scorer_to_the_answers(data, tmp_path):
     assert float(scorer_loss(model, documents, targets).detach()) < before
     line = json.loads((tmp_path / "run" / METRICS_FILE).read_text().splitlines()[-1])
     assert line["kind"] == "warm_start" and line["signal"] == "answers"
+
+
+def test_a_blended_target_keeps_the_answers_first_then_the_other_scorers_order(data, tmp_path):
+    """blend_scorer: a QA document's target is (1 - share) x its answers + share x the other Scorer's softmax (the
+    answers' tokens on top, the rest in that Scorer's order); a document without answers fits that Scorer alone."""
+    other = tiny_model()
+    with torch.no_grad():
+        for p in other.scorer.parameters():
+            p.normal_(0, 0.5)
+    other.save_pretrained(tmp_path / "other")
+    model = tiny_model()
+    warm = {"steps": 30, "lr": 1e-2, "signal": "answers", "blend_scorer": str(tmp_path / "other"), "blend_share": 0.25}
+    cfg = config(tmp_path, [qa_source(data), source("autoencoding", data)], max_steps=1, scorer_warm_start=warm)
+    trainer = Trainer(cfg, model)
+    blend = model.scorer_from(tmp_path / "other")
+    assert not any(p.requires_grad for p in blend.parameters())
+    batch = first_batch(trainer)
+    documents, targets = batch_targets(model, batch, cfg.scorer_warm_start, blend, answers=True)
+    plain = dict(zip(map(tuple, documents), scorer_targets(model, documents, blend)))
+    answered = 0
+    for document, target, refs in zip(documents, targets, (r for docs, r in zip(batch.documents, batch.references)
+                                                           for d in docs if len(d) > 1)):
+        assert abs(float(target.sum()) - 1) < 1e-5
+        answers = answer_targets(model, document, refs, 16)
+        expected = plain[tuple(document)] if answers is None else 0.75 * answers + 0.25 * plain[tuple(document)]
+        assert torch.allclose(target, expected)
+        answered += answers is not None
+    assert answered  # the draw has documents with answers in them
+    unanswered = batch_targets(model, batch, cfg.scorer_warm_start, blend, answers=False)[1]
+    assert all(torch.allclose(t, plain[tuple(d)]) for d, t in zip(documents, unanswered))
+    trainer._warm_start()  # every source takes part, and the fit moves towards the blended targets
+    line = json.loads((tmp_path / "run" / METRICS_FILE).read_text().splitlines()[-1])
+    assert line["blend_share"] == 0.25 and line["kl_last"] < line["kl_first"]
+    with pytest.raises(ValueError, match="set signal: answers"):
+        config(tmp_path, [qa_source(data)], scorer_warm_start={"steps": 1, "signal": "kvzip",
+                                                                "blend_scorer": str(tmp_path / "other")})
+
+
+@pytest.mark.parametrize("at_branch", [False, True])
+def test_a_branch_refits_the_scorer_only_when_asked(data, tmp_path, at_branch):
+    """at_branch: the warm start also runs where a branch begins (an A/B arm of the Scorer); a branch otherwise, and
+    a resumed branch always, keeps the Scorer of the checkpoint it starts from."""
+    trunk = train(config(tmp_path / "trunk", [qa_source(data)], max_steps=2), tiny_model())
+    point = trunk.output_dir / "checkpoint-2"
+    optim = {"warmup_steps": 0, "lr": 1e-3, "scorer_lr": 0}
+    warm = {"steps": 5, "lr": 1e-2, "signal": "answers", "at_branch": at_branch}
+    arm = config(tmp_path / "arm", [qa_source(data)], max_steps=3, branch_from=str(point), scorer_warm_start=warm,
+                 optim=optim)
+    model = tiny_model()
+    train(arm, model)
+    saved = NuggetModel.from_pretrained(point, base_model=tiny_base())
+    same = all(torch.equal(a, b) for a, b in zip(saved.scorer.parameters(), model.scorer.parameters()))
+    assert same is not at_branch
+    fits = [json.loads(x) for x in (arm.output_dir / METRICS_FILE).read_text().splitlines()
+            if json.loads(x)["kind"] == "warm_start"]
+    assert [x["step"] for x in fits] == ([2] if at_branch else [])
+    resumed = tiny_model()
+    train(arm.model_copy(update={"max_steps": 4}), resumed)  # the branch's own checkpoint: no second fit
+    assert len([x for x in (arm.output_dir / METRICS_FILE).read_text().splitlines() if '"warm_start"' in x]) \
+        == len(fits)
 
 
 def test_answers_warm_start_without_a_qa_source_is_refused(data, tmp_path):

@@ -184,15 +184,16 @@ class NuggetModel(Identity, Persistence, PromptPrefixes, nn.Module):
         return positions.pad(sequences, self.tokenizer.pad_token_id, self.device, left)
 
     def score(self, input_ids: torch.Tensor, steps: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-              holding_lock: bool = False) -> torch.Tensor:
+              holding_lock: bool = False, scorer: Scorer | None = None) -> torch.Tensor:
         """Scorer over the hidden states after `scorer_layer` layers of the frozen model (adapters off); causal, or
         at positions `steps` under a boolean `mask` ([batch, 1, tokens, tokens]: packed rows, packing.py).
-        `holding_lock`: the caller holds `lock` (the compiled training step, which traces this)."""
+        `holding_lock`: the caller holds `lock` (the compiled training step, which traces this). `scorer`: another
+        Scorer over the same states (`scorer_from`; default the model's)."""
         steps = torch.arange(input_ids.shape[1], device=input_ids.device)[None] if steps is None else steps
         with nullcontext() if holding_lock else self.lock, torch.no_grad():
             hidden = self.run_layers(None, self.llama.model.embed_tokens(input_ids), steps, mask=mask,
                                      layers=self.config.scorer_layer, norm=False)
-        return self.scorer(hidden)
+        return (scorer or self.scorer)(hidden)
 
     def run_layers(self, adapter: str | None, hidden: torch.Tensor, steps: torch.Tensor, nuggets=None,
                    mask: torch.Tensor | None = None, layers: int | None = None, norm: bool = True) -> torch.Tensor:

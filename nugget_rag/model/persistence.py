@@ -5,6 +5,7 @@ The file format and the shipped checkpoint are checkpoint_files.py's; this is ho
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Self
 
@@ -43,13 +44,7 @@ class Persistence:
 
     def load_parts(self, directory: str | Path) -> None:
         """Load weights written by save_pretrained into this model (same config and base model)."""
-        meta = ckpt.read_checkpoint_meta(directory)
-        if meta["base_digest"] != self.base_digest:
-            raise ValueError(
-                f"the checkpoint in {directory} was trained on base model {meta['base_model']!r}, whose weights "
-                f"differ from the loaded {self.base_name!r}; load it with that base model"
-            )
-        parts = ckpt.read_checkpoint_parts(directory)
+        parts = self._parts_for_this_base(directory)
         for adapter in (ENCODER, DECODER):
             try:
                 self.adapters.load_state_dict(adapter, parts.get(adapter, {}))
@@ -58,6 +53,23 @@ class Persistence:
         self.scorer.load_state_dict(parts["scorer"])
         with torch.no_grad():
             self.soft_prompt.copy_(parts[""]["soft_prompt"])
+
+    def scorer_from(self, directory: str | Path) -> Scorer:
+        """A frozen copy of this model's Scorer holding the Scorer of the checkpoint in `directory` (same base
+        model), on this model's device and dtype: another run's selection to compare with or to fit to."""
+        scorer = copy.deepcopy(self.scorer).requires_grad_(False)
+        scorer.load_state_dict(self._parts_for_this_base(directory)["scorer"])
+        return scorer
+
+    def _parts_for_this_base(self, directory: str | Path) -> dict[str, dict[str, torch.Tensor]]:
+        """A checkpoint's parts, refused where they were trained on another base model."""
+        meta = ckpt.read_checkpoint_meta(directory)
+        if meta["base_digest"] != self.base_digest:
+            raise ValueError(
+                f"the checkpoint in {directory} was trained on base model {meta['base_model']!r}, whose weights "
+                f"differ from the loaded {self.base_name!r}; load it with that base model"
+            )
+        return ckpt.read_checkpoint_parts(directory)
 
     @classmethod
     def from_pretrained(

@@ -108,6 +108,23 @@ class ScorerWarmStart(BaseModel):
     signal: WarmStartSignal = Field("observed_attention", description="The importance signal the Scorer fits.")
     answer_tokens: int = Field(16, ge=1, description="signal 'answers': a reference of more tokens than this is not "
                                "a span to keep (a teacher's sentence-long answer), only shorter ones are.")
+    blend_scorer: str | None = Field(None, description=(
+        "signal 'answers': a nugget checkpoint whose Scorer (one trained end to end, as the pretraining chain's "
+        "through Eq. 18) is the reconstruction signal blended in: a QA document's target is (1 - blend_share) x its "
+        "answers' tokens + blend_share x that Scorer's softmax over its positions, and every other source's documents "
+        "fit that Scorer's alone, so the positions answers do not claim keep the order reconstruction learned. "
+        "None: the answers alone, on QA documents."))
+    blend_share: float = Field(0.5, gt=0, lt=1, description="The blend_scorer's share of a QA document's target.")
+    at_branch: bool = Field(False, description=(
+        "Fit also where a branch (branch_from) begins, refitting the Scorer of the run it branches from (an A/B arm "
+        "of the warm start); otherwise only a chain's first call fits it."))
+
+    @model_validator(mode="after")
+    def _blend_with_answers(self) -> ScorerWarmStart:
+        if self.blend_scorer is not None and self.signal != "answers":
+            raise ValueError(f"scorer_warm_start.blend_scorer blends a Scorer into the answers' targets, and signal is "
+                             f"{self.signal!r}: set signal: answers, or leave blend_scorer unset")
+        return self
 
 
 class TrainConfig(BaseModel):

@@ -117,6 +117,7 @@ class Trainer:
         self.loss, self.optimizer = self.accelerator.prepare(self.objective, self.optimizer)
         self.metrics = MetricsFile(self.out, self.accelerator)
         self.step = 0
+        self.branched = False  # set by _resume: this run begins at another run's checkpoint (branch_from)
         self.tokens_before: int | None = 0  # tokens the run had read when its checkpoint was saved (None: unknown)
         self.tokens = 0  # tokens this process has read since
         self.passes = 1  # forward/backward passes per micro-batch: doubled when one runs out of GPU memory
@@ -145,8 +146,8 @@ class Trainer:
         if acc.is_main_process:
             (self.out / CONFIG_FILE).write_text(json.dumps(cfg.resume_key(), indent=1))
         start, losses, window = time.monotonic(), [], Window(peak_flops(acc.device, cfg.peak_tflops), cfg.packing)
-        if self.step == 0 and not self.offset:  # where a chain begins; a chain's later call keeps its Scorer
-            self._warm_start()
+        if (self.step == 0 and not self.offset) or (self.branched and cfg.scorer_warm_start.at_branch):
+            self._warm_start()  # where a chain (or an arm refitting it) begins; a chain's later call keeps its Scorer
         bar = tqdm(total=self.updates, initial=self.step, desc="training", disable=not acc.is_local_main_process)
         if self.step == 0 and cfg.eval_every:
             self.evaluate()  # the starting point, for the before/after comparison
@@ -254,17 +255,20 @@ class Trainer:
         """The Scorer warm start, on documents of every source that has some, in an order of its own."""
         cfg = self.config
         warm = cfg.scorer_warm_start
-        kept = [i for i, s in enumerate(cfg.data)
-                if not s.full_context and (warm.signal != "answers" or s.objective == "qa")]
+        answers_only = warm.signal == "answers" and warm.blend_scorer is None
+        kept = [i for i, s in enumerate(cfg.data) if not s.full_context and (not answers_only or s.objective == "qa")]
         if not warm.steps or not kept:
             return
         streams = [ExampleStream(self.examples[i], seed=cfg.seed * 1000 + i + 500) for i in kept]
         batches = Mixture(streams, [cfg.data[i].weight for i in kept], cfg.seed + 1, cfg.batch_size,
                           self.model.tokenizer.pad_token_id)
         self.model.train()
-        losses = warm_start_scorer(self.model, batches, warm)
+        qa = {j for j, i in enumerate(kept) if cfg.data[i].objective == "qa"}
+        losses = warm_start_scorer(self.model, batches, warm, qa)
         if losses:
-            self.metrics.write({"kind": "warm_start", "step": 0, "steps": len(losses), "signal": warm.signal,
+            self.metrics.write({"kind": "warm_start", "step": self.step, "steps": len(losses), "signal": warm.signal,
+                                **({"blend_scorer": warm.blend_scorer, "blend_share": warm.blend_share}
+                                   if warm.blend_scorer else {}),
                                 "kl_first": float(f"{losses[0]:.4g}"), "kl_last": float(f"{losses[-1]:.4g}")})
 
     def _all_agree(self, flag: bool) -> bool:
@@ -279,15 +283,16 @@ class Trainer:
         return None if self.tokens_before is None else self.tokens_before + read
 
     def _resume(self) -> None:
-        found, branched = start_point(self.config, self.out)
+        found, self.branched = start_point(self.config, self.out)
         if found is None:
             return
         meta = restore(found, self.model, self.optimizer, self.scheduler, self.mixture, self.accelerator,
-                       self.compiled is not None, self.config.max_steps, data=not branched)
+                       self.compiled is not None, self.config.max_steps, data=not self.branched)
         self.step = meta["step"]
         self.tokens_before = meta.get("tokens")  # None: saved before tokens were counted
         self.metrics.truncate(self.step)
-        log.info("%s %s at step %d", "branched (this run's data) from" if branched else "resumed from", found, self.step)
+        log.info("%s %s at step %d", "branched (this run's data) from" if self.branched else "resumed from", found,
+                 self.step)
 
     def _save(self) -> None:
         self.accelerator.wait_for_everyone()

@@ -5,7 +5,8 @@ observed attention (H2O; kvpress's ObservedAttentionPress), the attention that t
 each position of a document read alone; or KVzip's reconstruction attention, the most attention a position gets
 while the frozen model repeats the document. Or, from QA sources, `answers`: the tokens of the short answers
 (SQuAD's spans) found in the document, uniformly, so that the Scorer learns which tokens questions ask for without
-seeing the question. The Scorer's scores over a document's positions, as a softmax, are fitted to the signal,
+seeing the question; optionally blended with another checkpoint's Scorer (one trained end to end for
+reconstruction), so that the positions the answers do not claim keep the order reconstruction learned. The Scorer's scores over a document's positions, as a softmax, are fitted to the signal,
 normalised, by a KL (a listwise ranking loss: top-k selection reads only the order of the scores).
 """
 
@@ -21,6 +22,7 @@ from tqdm.auto import tqdm
 from ..model.frozen_pass import frozen_pass
 from ..model.importance import observed_scores, reconstruction_passes
 from ..model.nugget_model import NuggetModel
+from ..model.scorer import Scorer
 from .batches import Batch, Mixture
 from .config import ScorerWarmStart, WarmStartSignal
 
@@ -69,15 +71,32 @@ def answer_targets(model: NuggetModel, document: list[int], references: list[str
     return mass
 
 
-def batch_targets(model: NuggetModel, batch: Batch, warm: ScorerWarmStart) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """A micro-batch's documents (more than one token) and the warm start's target over each one's positions."""
+def scorer_targets(model: NuggetModel, documents: list[list[int]], scorer: Scorer) -> list[torch.Tensor]:
+    """`scorer`'s softmax over each document's positions but the last (always kept)."""
+    input_ids, opening = model.encoder_input(documents)
+    scores = model.score(input_ids, scorer=scorer)[:, opening:]
+    return [F.softmax(row[: len(d) - 1].float(), dim=-1).cpu() for row, d in zip(scores, documents)]
+
+
+def batch_targets(model: NuggetModel, batch: Batch, warm: ScorerWarmStart, blend: Scorer | None = None,
+                  answers: bool = True) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """A micro-batch's documents (more than one token) and the warm start's target over each one's positions.
+    `blend`: the Scorer blended into signal 'answers' (ScorerWarmStart.blend_scorer); `answers`: whether the batch's
+    source is one whose references are short answers (a QA source)."""
     if warm.signal != "answers":
         documents = [d for docs in batch.documents for d in docs if len(d) > 1]
         return documents, importance_targets(model, documents, warm.signal) if documents else []
-    pairs = [(d, answer_targets(model, d, refs, warm.answer_tokens))
+    pairs = [(d, answer_targets(model, d, refs, warm.answer_tokens) if answers else None)
              for docs, refs in zip(batch.documents, batch.references) for d in docs if len(d) > 1]
-    pairs = [(d, t) for d, t in pairs if t is not None]
-    return [d for d, _ in pairs], [t for _, t in pairs]
+    if blend is None:
+        pairs = [(d, t) for d, t in pairs if t is not None]
+        return [d for d, _ in pairs], [t for _, t in pairs]
+    documents = [d for d, _ in pairs]
+    if not documents:
+        return [], []
+    learned = scorer_targets(model, documents, blend)
+    share = warm.blend_share
+    return documents, [b if a is None else (1 - share) * a + share * b for (_, a), b in zip(pairs, learned)]
 
 
 def scorer_loss(model: NuggetModel, documents: list[list[int]], targets: list[torch.Tensor]) -> torch.Tensor:
@@ -91,13 +110,18 @@ def scorer_loss(model: NuggetModel, documents: list[list[int]], targets: list[to
     return torch.stack(losses).mean()
 
 
-def warm_start_scorer(model: NuggetModel, batches: Mixture, warm: ScorerWarmStart) -> list[float]:
+def warm_start_scorer(model: NuggetModel, batches: Mixture, warm: ScorerWarmStart,
+                      answer_sources: set[int] | None = None) -> list[float]:
     """`warm.steps` Scorer-only AdamW steps on documents drawn from `batches` (sources with documents, or QA
-    sources for `answers`); the losses."""
+    sources for `answers` unblended); the losses. `answer_sources`: the mixture's sources whose references are
+    short answers (default: all)."""
+    blend = model.scorer_from(warm.blend_scorer) if warm.blend_scorer else None
     optimizer = torch.optim.AdamW(model.scorer.parameters(), lr=warm.lr)
     losses = []
     for _ in tqdm(range(warm.steps), desc="Scorer warm start"):
-        documents, targets = batch_targets(model, batches.next_batch(), warm)
+        batch = batches.next_batch()
+        answers = answer_sources is None or batch.source in answer_sources
+        documents, targets = batch_targets(model, batch, warm, blend, answers)
         if not documents:
             continue
         loss = scorer_loss(model, documents, targets)
@@ -106,5 +130,6 @@ def warm_start_scorer(model: NuggetModel, batches: Mixture, warm: ScorerWarmStar
         optimizer.step()
         losses.append(float(loss.detach()))
     if losses:
-        log.info("Scorer warm start: %d steps, KL to %s %.4f -> %.4f", len(losses), warm.signal, losses[0], losses[-1])
+        log.info("Scorer warm start: %d steps, KL to %s%s %.4f -> %.4f", len(losses), warm.signal,
+                 f" blended with {warm.blend_scorer}'s Scorer" if blend is not None else "", losses[0], losses[-1])
     return losses
