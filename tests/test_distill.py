@@ -1,6 +1,7 @@
 """Issue 24's recipe on the tiny model: KL to the uncompressed teacher, the ratio curriculum, the Scorer warm start."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from nugget_rag.train.warm_start import (
     batch_targets,
     importance_targets,
     scorer_loss,
-    scorer_targets,
+    order_targets,
 )
 
 QA_ONE = {"objective": "qa", "path": "squad.json", "dev_split": None}
@@ -214,8 +215,8 @@ def test_answers_warm_start_fits_the_scorer_to_the_answers(data, tmp_path):
 
 
 def test_a_blended_target_keeps_the_answers_first_then_the_other_scorers_order(data, tmp_path):
-    """blend_scorer: a QA document's target is (1 - share) x its answers + share x the other Scorer's softmax (the
-    answers' tokens on top, the rest in that Scorer's order); a document without answers fits that Scorer alone."""
+    """blend_scorer: a QA document's target is (1 - share) x its answers + share x the other Scorer's order (the
+    answers' tokens on top, the rest in that Scorer's order); a document without answers fits that order alone."""
     other = tiny_model()
     with torch.no_grad():
         for p in other.scorer.parameters():
@@ -229,7 +230,7 @@ def test_a_blended_target_keeps_the_answers_first_then_the_other_scorers_order(d
     assert not any(p.requires_grad for p in blend.parameters())
     batch = first_batch(trainer)
     documents, targets = batch_targets(model, batch, cfg.scorer_warm_start, blend, answers=True)
-    plain = dict(zip(map(tuple, documents), scorer_targets(model, documents, blend)))
+    plain = dict(zip(map(tuple, documents), order_targets(model, documents, blend)))
     answered = 0
     for document, target, refs in zip(documents, targets, (r for docs, r in zip(batch.documents, batch.references)
                                                            for d in docs if len(d) > 1)):
@@ -239,6 +240,13 @@ def test_a_blended_target_keeps_the_answers_first_then_the_other_scorers_order(d
         assert torch.allclose(target, expected)
         answered += answers is not None
     assert answered  # the draw has documents with answers in them
+    for document, target in plain.items():  # the order, falling by e every n / r ranks, whatever the scores' spread
+        ids, opening = model.encoder_input([list(document)])
+        scores = model.score(ids, scorer=blend)[0, opening : opening + len(document) - 1]
+        assert torch.equal(target.argsort(descending=True, stable=True),
+                           scores.float().cpu().argsort(descending=True, stable=True))
+        top = target.sort(descending=True).values
+        assert abs(float(top[0] / top[1]) - math.exp(model.config.ratio / len(document))) < 1e-4
     unanswered = batch_targets(model, batch, cfg.scorer_warm_start, blend, answers=False)[1]
     assert all(torch.allclose(t, plain[tuple(d)]) for d, t in zip(documents, unanswered))
     trainer._warm_start()  # every source takes part, and the fit moves towards the blended targets

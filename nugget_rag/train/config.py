@@ -111,8 +111,9 @@ class ScorerWarmStart(BaseModel):
     blend_scorer: str | None = Field(None, description=(
         "signal 'answers': a nugget checkpoint whose Scorer (one trained end to end, as the pretraining chain's "
         "through Eq. 18) is the reconstruction signal blended in: a QA document's target is (1 - blend_share) x its "
-        "answers' tokens + blend_share x that Scorer's softmax over its positions, and every other source's documents "
-        "fit that Scorer's alone, so the positions answers do not claim keep the order reconstruction learned. "
+        "answers' tokens + blend_share x that Scorer's order (a mass falling by e every n / ratio ranks), and every "
+        "other source's documents fit that order alone, so the positions answers do not claim keep the order "
+        "reconstruction learned. "
         "None: the answers alone, on QA documents."))
     blend_share: float = Field(0.5, gt=0, lt=1, description="The blend_scorer's share of a QA document's target.")
     at_branch: bool = Field(False, description=(

@@ -71,11 +71,20 @@ def answer_targets(model: NuggetModel, document: list[int], references: list[str
     return mass
 
 
-def scorer_targets(model: NuggetModel, documents: list[list[int]], scorer: Scorer) -> list[torch.Tensor]:
-    """`scorer`'s softmax over each document's positions but the last (always kept)."""
+def order_targets(model: NuggetModel, documents: list[list[int]], scorer: Scorer) -> list[torch.Tensor]:
+    """`scorer`'s order over each document's positions but the last (always kept), as a distribution falling by e
+    every k = n / r ranks (the model's ratio): the order top-k selection reads, at one scale whatever the spread of
+    the raw scores (an end-to-end Scorer's can lie so far apart that their softmax is one position)."""
     input_ids, opening = model.encoder_input(documents)
     scores = model.score(input_ids, scorer=scorer)[:, opening:]
-    return [F.softmax(row[: len(d) - 1].float(), dim=-1).cpu() for row, d in zip(scores, documents)]
+    targets = []
+    for row, document in zip(scores, documents):
+        n = len(document) - 1
+        ranks = torch.empty(n)
+        ranks[row[:n].float().argsort(descending=True, stable=True).cpu()] = torch.arange(n, dtype=torch.float)
+        mass = torch.exp(-ranks * model.config.ratio / len(document))
+        targets.append(mass / mass.sum())
+    return targets
 
 
 def batch_targets(model: NuggetModel, batch: Batch, warm: ScorerWarmStart, blend: Scorer | None = None,
@@ -94,7 +103,7 @@ def batch_targets(model: NuggetModel, batch: Batch, warm: ScorerWarmStart, blend
     documents = [d for d, _ in pairs]
     if not documents:
         return [], []
-    learned = scorer_targets(model, documents, blend)
+    learned = order_targets(model, documents, blend)
     share = warm.blend_share
     return documents, [b if a is None else (1 - share) * a + share * b for (_, a), b in zip(pairs, learned)]
 
