@@ -6,8 +6,9 @@ each position of a document read alone; or KVzip's reconstruction attention, the
 while the frozen model repeats the document. Or, from QA sources, `answers`: the tokens of the short answers
 (SQuAD's spans) found in the document, uniformly, so that the Scorer learns which tokens questions ask for without
 seeing the question; optionally blended with another checkpoint's Scorer (one trained end to end for
-reconstruction), so that the positions the answers do not claim keep the order reconstruction learned. The Scorer's scores over a document's positions, as a softmax, are fitted to the signal,
-normalised, by a KL (a listwise ranking loss: top-k selection reads only the order of the scores).
+reconstruction), so that the positions the answers do not claim keep the order reconstruction learned. The
+Scorer's scores over a document's positions, as a softmax, are fitted to the signal, normalised, by a KL (a listwise
+ranking loss: top-k selection reads only the order of the scores).
 """
 
 from __future__ import annotations
