@@ -22,8 +22,8 @@ from nugget_rag.train.warm_start import (
     answer_targets,
     batch_targets,
     importance_targets,
-    scorer_loss,
     order_targets,
+    scorer_loss,
 )
 
 QA_ONE = {"objective": "qa", "path": "squad.json", "dev_split": None}
